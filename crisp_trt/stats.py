@@ -1,0 +1,29 @@
+"""CrispStats: what the pipeline decided, per sequence and head (returned with return_stats=True)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ROUTE_NAMES = {0: "dense", 1: "vertical_slash", 2: "block_sparse"}
+
+
+@dataclass
+class CrispStats:
+    """route [S, H] (0 dense, 1 vertical-slash, 2 block-sparse), c_struct [S, H], density [S, H]:
+    the fraction of causal blocks attended."""
+
+    route: torch.Tensor
+    c_struct: torch.Tensor
+    density: torch.Tensor
+
+    @property
+    def mean_density(self) -> float:
+        """Mean density over sequences and heads (host sync: call outside the hot path)."""
+        return float(self.density.float().mean())
+
+    def route_names(self) -> list[list[str]]:
+        return [[ROUTE_NAMES[int(r)] for r in row] for row in self.route.cpu()]
+
+    def __getitem__(self, key: str) -> torch.Tensor:  # dict-style access: stats["density"]
+        return getattr(self, key)

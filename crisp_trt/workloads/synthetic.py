@@ -1,0 +1,76 @@
+"""Synthetic Q/K/V with controllable attention structure (DESIGN.md §6 workload b).
+
+Logits q_i·k_j/√d are built from separate feature groups so each structure has its own knob:
+  background  i.i.d. Gaussian features (near-uniform attention, noise floor ~ 1/n);
+  sink        the first `sink` keys carry a direction every query reads (logit boost `sink_logit`);
+  columns     `columns` planted key positions per kv head read by every query (`column_logit`);
+  local       positional cos/sin features whose sum peaks at i - j = 0 (width ~ `local_width` tokens);
+  slashes     positional features periodic in i - j with period `slash_period` (`slash_logit`).
+The defaults are placeholders to be fitted to real-model statistics (crisp_trt.workloads.fit).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    sink: int = 4
+    sink_logit: float = 8.0
+    columns: int = 16
+    column_logit: float = 10.0
+    local_width: int = 64
+    local_logit: float = 6.0
+    slash_period: int = 0
+    slash_logit: float = 0.0
+    noise: float = 1.0
+
+
+def _positional(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    ang = pos[:, None].double() * freqs[None, :].double()
+    return torch.cat([torch.cos(ang), torch.sin(ang)], dim=1).float()
+
+
+def synthetic_qkv(n: int, heads: int, kv_heads: int, head_dim: int, *, spec: SyntheticSpec = SyntheticSpec(),
+                  seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu", batch: int = 1):
+    """q [batch, n, H, d], k, v [batch, n, H_kv, d] with the structure of `spec` (deterministic in seed)."""
+    if head_dim < 32:
+        raise ValueError(f"head_dim={head_dim}: expected >= 32 for the synthetic feature layout")
+    g = torch.Generator().manual_seed(seed)
+    d = head_dim
+    scale = math.sqrt(d)
+    n_loc = 8
+    n_sl = 4 if spec.slash_period else 0
+    n_bg = d - 2 - 2 * n_loc - 2 * n_sl
+    pos = torch.arange(n)
+    q = torch.zeros(batch, n, heads, d)
+    k = torch.zeros(batch, n, kv_heads, d)
+    # background: logit std = noise
+    bg_std = math.sqrt(spec.noise * scale / math.sqrt(n_bg))
+    q[..., :n_bg] = torch.randn(batch, n, heads, n_bg, generator=g) * bg_std
+    k[..., :n_bg] = torch.randn(batch, n, kv_heads, n_bg, generator=g) * bg_std
+    # sink (dim n_bg) and planted columns (dim n_bg + 1)
+    q[..., n_bg] = math.sqrt(spec.sink_logit * scale)
+    k[:, : spec.sink, :, n_bg] = math.sqrt(spec.sink_logit * scale)
+    q[..., n_bg + 1] = math.sqrt(spec.column_logit * scale)
+    for b in range(batch):
+        for h in range(kv_heads):
+            cols = torch.randperm(max(n - spec.sink, 1), generator=g)[: spec.columns] + spec.sink
+            k[b, cols.clamp_max(n - 1), h, n_bg + 1] = math.sqrt(spec.column_logit * scale)
+    # local: sum of cosines of i - j, frequencies up to ~ 1 / local_width
+    off = n_bg + 2
+    freqs = torch.linspace(0.2, 1.0, n_loc) * (math.pi / max(spec.local_width, 1))
+    feat = _positional(pos, freqs) * math.sqrt(spec.local_logit * scale / n_loc)
+    q[..., off: off + 2 * n_loc] = feat[None, :, None, :]
+    k[..., off: off + 2 * n_loc] = feat[None, :, None, :]
+    if n_sl:
+        off += 2 * n_loc
+        freqs = 2 * math.pi * torch.arange(1, n_sl + 1) / spec.slash_period
+        feat = _positional(pos, freqs) * math.sqrt(spec.slash_logit * scale / n_sl)
+        q[..., off: off + 2 * n_sl] = feat[None, :, None, :]
+        k[..., off: off + 2 * n_sl] = feat[None, :, None, :]
+    v = torch.randn(batch, n, kv_heads, d, generator=g)
+    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
