@@ -48,6 +48,8 @@ def _reference_packed(q, k, v, cu_seqlens, cfg):
         routes.append(r.int())
         structs.append(c.float())
         densities.append(d.float())
+    if not all(bool(torch.isfinite(t).all()) for t in (q, k, v)):
+        out.fill_(float("nan"))  # a non-finite input must never give a finite answer
     return out, torch.stack(routes), torch.stack(structs), torch.stack(densities)
 
 

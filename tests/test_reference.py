@@ -1,0 +1,101 @@
+"""Properties of the pure-PyTorch reference pipeline (the oracle)."""
+import math
+
+import pytest
+import torch
+
+from crisp_trt import CrispConfig
+from crisp_trt import reference as R
+from crisp_trt.workloads.synthetic import synthetic_qkv
+
+KEEP_ALL = CrispConfig(block_size=64, kappa=0.0, dense_below=0, max_budget=1 << 20, min_budget=0)
+
+
+def _rand(n, heads=4, kv_heads=2, d=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, heads, d, generator=g), torch.randn(n, kv_heads, d, generator=g),
+            torch.randn(n, kv_heads, d, generator=g))
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("n", [200, 513])
+def test_keep_everything_equals_dense(n):
+    q, k, v = _rand(n, seed=n)
+    out, route, c_struct, dens = R.crisp_sequence(q, k, v, KEEP_ALL)
+    assert _rel(out, R.dense_attention(q, k, v)) < 1e-3
+    assert torch.all(dens == 1) and torch.all(route == R.ROUTE_VERTICAL_SLASH)
+
+
+def test_estimate_is_a_distribution_and_matches_proxy():
+    q, k, _ = _rand(300, seed=1)
+    est = R.estimate(q, k, KEEP_ALL)
+    assert torch.allclose(est.vsum.sum(1), torch.ones(4), atol=1e-5)
+    assert torch.allclose(est.ssum.sum(1), torch.ones(4), atol=1e-5)
+    p = R.proxy_map(q, k, KEEP_ALL)
+    # the diagonal (offset 0) mass is the mean of P[i, r_i]
+    rows = p.shape[1]
+    diag = torch.stack([p[:, i, 300 - rows + i] for i in range(rows)], 1).mean(1)
+    assert torch.allclose(est.smax[:, 0].clamp_min(diag), est.smax[:, 0])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sink_local_diagonal_always_kept_and_cstruct_in_range(seed):
+    q, k, v = synthetic_qkv(900, 4, 2, 64, seed=seed)
+    cfg = CrispConfig(block_size=64, dense_below=0, kappa=1e6, min_budget=0, tau=0.5)
+    sel = R.select_heads(R.estimate(q[0], k[0], cfg), q[0], k[0], cfg)
+    assert torch.all((sel.c_struct >= 0) & (sel.c_struct <= 1))
+    for route in (R.ROUTE_VERTICAL_SLASH, R.ROUTE_BLOCK_SPARSE):
+        sel.route[:] = route
+        masks = R.block_masks(q[0], k[0], sel, cfg)
+        nb = masks.shape[-1]
+        for qb in range(nb):
+            assert masks[:, qb, 0].all(), "sink block dropped"
+            assert masks[:, qb, max(0, qb - cfg.local_blocks): qb + 1].all(), "local/diagonal dropped"
+            assert not masks[:, qb, qb + 1:].any(), "future block selected"
+
+
+def _planted(n, columns=(1000, 1500, 2100, 2900, 3300, 3700), d=64, seed=0):
+    """One head: every query reads a fixed set of planted key columns over near-uniform noise."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, 1, d, generator=g) * 0.05
+    k = torch.randn(n, 1, d, generator=g) * 0.05
+    q[:, 0, 0] = 4.0
+    k[list(columns), 0, 0] = 4.0 * math.log(n) / 4.0 * 1.6
+    return q, k
+
+
+def _kept_columns(n, budget):
+    q, k = _planted(n)
+    cfg = CrispConfig(block_size=128, dense_below=0, min_budget=0, max_budget=1 << 20, budget=budget,
+                      sink_tokens=0, gamma=0.9)
+    sel = R.select_heads(R.estimate(q, k, cfg), q, k, cfg)
+    return int(sel.columns[0].sum())
+
+
+def test_floor_keeps_constant_columns_while_cumulative_grows():
+    lengths = [4096, 16384, 65536]
+    floor = [_kept_columns(n, "floor") for n in lengths]
+    cumulative = [_kept_columns(n, "cumulative") for n in lengths]
+    assert max(floor) <= 6 and min(floor) >= 5, floor  # the planted columns' blocks, nothing more
+    assert cumulative[-1] > 4 * cumulative[0], cumulative  # grows with n
+    assert cumulative[-1] > 10 * floor[-1]
+
+
+def test_jsd_and_tau_zero_routing():
+    q, k, _ = _rand(400, seed=3)
+    est = R.estimate(q, k, KEEP_ALL)
+    for routing in ("struct", "jsd"):
+        cfg = KEEP_ALL.replace(kappa=8.0, tau=0.0, routing=routing)
+        assert torch.all(R.select_heads(est, q, k, cfg).route == R.ROUTE_VERTICAL_SLASH)
+    sel = R.select_heads(est, q, k, KEEP_ALL.replace(routing="jsd", tau=0.1))
+    assert torch.all((sel.jsd >= 0) & (sel.jsd <= 1))
+
+
+def test_dense_below_routes_dense():
+    q, k, v = _rand(100)
+    out, route, _, dens = R.crisp_sequence(q, k, v, CrispConfig(dense_below=1024))
+    assert torch.all(route == R.ROUTE_DENSE) and torch.all(dens == 1)
+    assert _rel(out, R.dense_attention(q, k, v)) < 1e-6
