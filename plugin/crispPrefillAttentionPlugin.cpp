@@ -1,0 +1,300 @@
+#include "crispPrefillAttentionPlugin.h"
+#include "crispPrefillAttentionKernels.h"
+#include "crispPrefillAttentionLogging.h"
+
+#include <exception>
+#include <new>
+
+using namespace nvinfer1;
+
+namespace crisp
+{
+namespace
+{
+char const* const kNAME{"CrispPrefillAttention"};
+char const* const kVERSION{"1"};
+char const* const kNAMESPACE{"crisp"};
+constexpr int32_t kNB_INPUTS{4};
+constexpr int32_t kSEQLENS{3};
+
+bool isHalf(DataType type)
+{
+    return type == DataType::kHALF || type == DataType::kBF16;
+}
+
+// Dimension `value` of a build-time (-1: dynamic) or run-time shape matches `expected`.
+bool dimMatches(int64_t value, int64_t expected)
+{
+    return value == -1 || value == expected;
+}
+
+// q, k, v are [tokens, heads, head_dim] with the plugin's head counts, cu_seqlens is [batch + 1].
+bool shapesMatch(Dims const* in, int32_t nbInputs, CrispParams const& p)
+{
+    if (nbInputs != kNB_INPUTS || in[kSEQLENS].nbDims != 1)
+    {
+        return false;
+    }
+    int64_t const heads[3] = {p.numHeads, p.numKvHeads, p.numKvHeads};
+    for (int32_t i = 0; i < 3; ++i)
+    {
+        if (in[i].nbDims != 3 || !dimMatches(in[i].d[1], heads[i]) || !dimMatches(in[i].d[2], p.headDim)
+            || !dimMatches(in[i].d[0], in[0].d[0]))
+        {
+            return false;
+        }
+    }
+    return true;
+}
+} // namespace
+
+CrispPrefillAttentionPlugin::CrispPrefillAttentionPlugin(CrispParams params)
+    : mParams(std::move(params))
+{
+}
+
+IPluginCapability* CrispPrefillAttentionPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
+{
+    switch (type)
+    {
+    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
+    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
+    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
+    }
+    return nullptr;
+}
+
+IPluginV3* CrispPrefillAttentionPlugin::clone() noexcept
+{
+    auto* plugin = new (std::nothrow) CrispPrefillAttentionPlugin(mParams);
+    if (plugin != nullptr)
+    {
+        plugin->mMaxSeqLen = mMaxSeqLen;
+    }
+    return plugin;
+}
+
+char const* CrispPrefillAttentionPlugin::getPluginName() const noexcept
+{
+    return kNAME;
+}
+
+char const* CrispPrefillAttentionPlugin::getPluginVersion() const noexcept
+{
+    return kVERSION;
+}
+
+char const* CrispPrefillAttentionPlugin::getPluginNamespace() const noexcept
+{
+    return kNAMESPACE;
+}
+
+int32_t CrispPrefillAttentionPlugin::getNbOutputs() const noexcept
+{
+    return 1;
+}
+
+int32_t CrispPrefillAttentionPlugin::getOutputDataTypes(
+    DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
+{
+    if (nbOutputs != 1 || nbInputs != kNB_INPUTS || !isHalf(inputTypes[0]))
+    {
+        logError("getOutputDataTypes: expected 4 inputs (q fp16/bf16, k, v, cu_seqlens) and 1 output");
+        return -1;
+    }
+    outputTypes[0] = inputTypes[0];
+    return 0;
+}
+
+int32_t CrispPrefillAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs,
+    DimsExprs const* /* shapeInputs */, int32_t /* nbShapeInputs */, DimsExprs* outputs, int32_t nbOutputs,
+    IExprBuilder& exprBuilder) noexcept
+{
+    if (nbInputs != kNB_INPUTS || nbOutputs != 1 || inputs[0].nbDims != 3)
+    {
+        logError("getOutputShapes: expected q [tokens, num_heads, head_dim], k, v, cu_seqlens and 1 output");
+        return -1;
+    }
+    outputs[0].nbDims = 3;
+    outputs[0].d[0] = inputs[0].d[0];
+    outputs[0].d[1] = exprBuilder.constant(mParams.numHeads);
+    outputs[0].d[2] = exprBuilder.constant(mParams.headDim);
+    return 0;
+}
+
+bool CrispPrefillAttentionPlugin::supportsFormatCombination(
+    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
+{
+    if (nbInputs != kNB_INPUTS || nbOutputs != 1 || pos < 0 || pos > kNB_INPUTS)
+    {
+        return false;
+    }
+    PluginTensorDesc const& desc = inOut[pos].desc;
+    if (desc.format != TensorFormat::kLINEAR)
+    {
+        return false;
+    }
+    if (pos == kSEQLENS)
+    {
+        return desc.type == DataType::kINT32;
+    }
+    return pos == 0 ? isHalf(desc.type) : desc.type == inOut[0].desc.type;
+}
+
+int32_t CrispPrefillAttentionPlugin::configurePlugin(
+    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /* out */,
+    int32_t nbOutputs) noexcept
+{
+    Dims dims[kNB_INPUTS];
+    for (int32_t i = 0; i < kNB_INPUTS && i < nbInputs; ++i)
+    {
+        dims[i] = in[i].desc.dims;
+    }
+    if (nbOutputs != 1 || !shapesMatch(dims, nbInputs, mParams))
+    {
+        logError("configurePlugin: q/k/v must be [tokens, heads, head_dim] matching num_heads, num_kv_heads, "
+                 "head_dim, and cu_seqlens [batch + 1]");
+        return -1;
+    }
+    mMaxSeqLen = in[0].max.d[0];
+    return 0;
+}
+
+size_t CrispPrefillAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
+    DynamicPluginTensorDesc const* /* outputs */, int32_t /* nbOutputs */) const noexcept
+{
+    if (nbInputs != kNB_INPUTS)
+    {
+        return 0;
+    }
+    return crispWorkspaceLayout(mParams, inputs[0].max.d[0], inputs[kSEQLENS].max.d[0] - 1).total;
+}
+
+int32_t CrispPrefillAttentionPlugin::onShapeChange(
+    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /* out */, int32_t nbOutputs) noexcept
+{
+    Dims dims[kNB_INPUTS];
+    for (int32_t i = 0; i < kNB_INPUTS && i < nbInputs; ++i)
+    {
+        dims[i] = in[i].dims;
+    }
+    if (nbOutputs != 1 || !shapesMatch(dims, nbInputs, mParams))
+    {
+        logError("onShapeChange: input shapes do not match the plugin's fields");
+        return -1;
+    }
+    return 0;
+}
+
+int32_t CrispPrefillAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc,
+    PluginTensorDesc const* /* outputDesc */, void const* const* inputs, void* const* outputs, void* workspace,
+    cudaStream_t stream) noexcept
+{
+    CrispLaunchArgs args{};
+    args.params = &mParams;
+    args.bf16 = inputDesc[0].type == DataType::kBF16;
+    args.tokens = inputDesc[0].dims.d[0];
+    args.batch = inputDesc[kSEQLENS].dims.d[0] - 1;
+    args.maxSeqLen = mMaxSeqLen > 0 ? mMaxSeqLen : args.tokens;
+    args.q = inputs[0];
+    args.k = inputs[1];
+    args.v = inputs[2];
+    args.cuSeqlens = static_cast<int32_t const*>(inputs[kSEQLENS]);
+    args.out = outputs[0];
+    args.workspace = workspace;
+    return crispLaunchPrefill(args, stream);
+}
+
+IPluginV3* CrispPrefillAttentionPlugin::attachToContext(IPluginResourceContext* /* context */) noexcept
+{
+    return clone();
+}
+
+PluginFieldCollection const* CrispPrefillAttentionPlugin::getFieldsToSerialize() noexcept
+{
+    try
+    {
+        mFields = crispFieldsOf(mParams);
+        mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
+        mFieldCollection.fields = mFields.data();
+        return &mFieldCollection;
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string("getFieldsToSerialize: ") + e.what());
+        return nullptr;
+    }
+}
+
+IPluginV3* CrispPrefillAttentionPluginCreator::createPlugin(
+    char const* /* name */, PluginFieldCollection const* fc, TensorRTPhase /* phase */) noexcept
+{
+    CrispParams params;
+    std::string error;
+    if (!parseCrispFields(fc, params, error))
+    {
+        logError("createPlugin: " + error);
+        return nullptr;
+    }
+    try
+    {
+        return new CrispPrefillAttentionPlugin(std::move(params));
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string("createPlugin: ") + e.what());
+        return nullptr;
+    }
+}
+
+PluginFieldCollection const* CrispPrefillAttentionPluginCreator::getFieldNames() noexcept
+{
+    return crispFieldNames();
+}
+
+char const* CrispPrefillAttentionPluginCreator::getPluginName() const noexcept
+{
+    return kNAME;
+}
+
+char const* CrispPrefillAttentionPluginCreator::getPluginVersion() const noexcept
+{
+    return kVERSION;
+}
+
+char const* CrispPrefillAttentionPluginCreator::getPluginNamespace() const noexcept
+{
+    return kNAMESPACE;
+}
+
+} // namespace crisp
+
+// Dynamic loading: IPluginRegistry::loadLibrary, trtexec --dynamicPlugins.
+extern "C" TENSORRTAPI IPluginCreatorInterface* const* getCreators(int32_t& nbCreators)
+{
+    static crisp::CrispPrefillAttentionPluginCreator sCreator;
+    static IPluginCreatorInterface* const kCREATORS[] = {&sCreator};
+    nbCreators = 1;
+    return kCREATORS;
+}
+
+extern "C" TENSORRTAPI void setLoggerFinder(ILoggerFinder* finder)
+{
+    crisp::setLoggerFinder(finder);
+}
+
+#ifdef CRISP_TRT_STATIC_REGISTRATION
+// Static registration (CMake -DCRISP_TRT_STATIC_REGISTRATION=ON): registers the creator into the process's
+// registry when the library is loaded; the application links libnvinfer, which provides getPluginRegistry.
+namespace
+{
+struct StaticRegistration
+{
+    StaticRegistration()
+    {
+        int32_t n = 0;
+        getPluginRegistry()->registerCreator(*getCreators(n)[0], crisp::kNAMESPACE);
+    }
+} const gStaticRegistration;
+} // namespace
+#endif
