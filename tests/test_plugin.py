@@ -1,0 +1,180 @@
+"""The TensorRT plugin (plugin/, crisp_trt/plugin.py).
+
+Python-side field tests always run. The native tests build libcrisp_trt_plugin.so with
+scripts/build_plugin.sh where TensorRT headers exist ($TensorRT_ROOT or third_party/TensorRT) and drive it
+through the lean runtime's plugin registry (tensorrt-lean-cu13-libs) with plugin/tests/crispPluginCheck.cpp:
+creator lookup, creation, clone, serialisation round trips, malformed collections, a fuzz, and the same
+under AddressSanitizer/UBSan with leak detection. No GPU needed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crisp_trt import CrispConfig, method_config
+from crisp_trt import plugin
+
+ROOT = Path(__file__).resolve().parent.parent
+FUZZ_COLLECTIONS = 10_000
+
+
+def _headers() -> Path | None:
+    root = Path(os.environ.get("TensorRT_ROOT") or ROOT / "third_party" / "TensorRT")
+    return root if (root / "include" / "NvInferRuntime.h").is_file() else None
+
+
+@pytest.fixture(scope="session")
+def lean_runtime() -> Path:
+    spec = importlib.util.find_spec("tensorrt_lean_libs")
+    if spec is None or spec.origin is None:
+        pytest.skip(f"the TensorRT lean runtime is not installed ({plugin.INSTALL_HINT})")
+    path = Path(spec.origin).parent / "libnvinfer_lean.so.11"
+    if not path.is_file():
+        pytest.skip(f"{path} missing: tensorrt-lean-cu13-libs has another layout")
+    return path
+
+
+def _build(name: str, *cmake_args: str) -> Path:
+    headers = _headers()
+    if headers is None:
+        pytest.skip("TensorRT headers not found (set TensorRT_ROOT, or put NVIDIA/TensorRT's include/ under "
+                    "third_party/TensorRT): the plugin is not built")
+    if shutil.which("cmake") is None or shutil.which("nvcc") is None:
+        pytest.skip("cmake and nvcc are needed to build the plugin")
+    build = ROOT / "build" / name
+    run = subprocess.run([str(ROOT / "scripts" / "build_plugin.sh"), str(headers), *cmake_args],
+                         env=dict(os.environ, BUILD_DIR=str(build)), capture_output=True, text=True)
+    assert run.returncode == 0, f"plugin build failed (-Wall -Wextra -Werror):\n{run.stdout}\n{run.stderr}"
+    return build
+
+
+@pytest.fixture(scope="session")
+def built() -> Path:
+    return _build("plugin")
+
+
+@pytest.fixture(scope="session")
+def built_asan() -> Path:
+    return _build("plugin-asan", "-DCRISP_TRT_SANITIZE=ON")
+
+
+def _check(build: Path, runtime: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    command = [str(build / "crisp_plugin_check"), str(runtime), str(build / plugin.LIBRARY), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _serialised(fields) -> str:
+    return "".join(f"{name} {kind} {value.tobytes().hex()}\n" for name, value, kind in fields)
+
+
+# --- Python side (always) ------------------------------------------------------------------------------
+
+def test_fields_cover_config_and_heads():
+    fields = plugin.plugin_fields(CrispConfig(), 32, 8, 128)
+    names = [name for name, _, _ in fields]
+    assert names == list(CrispConfig().to_dict()) + ["num_heads", "num_kv_heads", "head_dim"]
+    kinds = {name: kind for name, _, kind in fields}
+    assert kinds["kappa"] == "FLOAT32" and kinds["routing"] == "CHAR" and kinds["block_size"] == "INT32"
+    values = {name: value for name, value, _ in fields}
+    assert values["routing"].tobytes() == b"struct" and values["gamma"].dtype == np.float32
+    assert all(v.size == 1 for _, v, k in fields if k != "CHAR")
+
+
+@pytest.mark.parametrize("heads", [(0, 1, 64), (32, 7, 128), (8, 16, 64), (9, 3, 96), (True, 1, 64)])
+def test_fields_reject_bad_heads(heads):
+    with pytest.raises((ValueError, TypeError), match="num_heads|num_kv_heads|head_dim"):
+        plugin.plugin_fields(CrispConfig(), *heads)
+
+
+def test_library_path_names_how_to_build(monkeypatch, tmp_path):
+    monkeypatch.setenv(plugin.ENV_LIBRARY, str(tmp_path / "missing.so"))
+    with pytest.raises(FileNotFoundError, match="build_plugin.sh"):
+        plugin.library_path()
+
+
+def test_missing_tensorrt_names_the_packages():
+    try:
+        plugin.tensorrt()
+    except ImportError as e:
+        assert plugin.INSTALL_HINT in str(e)
+    else:
+        pytest.skip("the TensorRT Python bindings are importable here")
+
+
+def test_field_collection_with_tensorrt_bindings():
+    try:
+        trt = plugin.tensorrt()
+    except ImportError as e:
+        pytest.skip(f"TensorRT Python bindings not importable: {e}")
+    fc = plugin.field_collection(CrispConfig(), 32, 8, 128, trt=trt)
+    assert len(fc) == 17
+
+
+# --- native: the library through the lean runtime's registry ---------------------------------------------
+
+def test_library_exports_creators_without_libnvinfer(built):
+    library = built / plugin.LIBRARY
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True).stdout
+    assert " T getCreators" in symbols and " T setLoggerFinder" in symbols
+    assert "libnvinfer" not in subprocess.run(["ldd", str(library)], capture_output=True, text=True).stdout
+
+
+def test_schema_matches_python(built, lean_runtime):
+    run = _check(built, lean_runtime, "fields")
+    assert run.returncode == 0, run.stdout + run.stderr
+    schema = [line.split() for line in run.stdout.splitlines() if not line.startswith("ok ")]
+    assert schema == [[name, kind] for name, _, kind in plugin.plugin_fields(CrispConfig(), 32, 8, 128)]
+
+
+def test_create_clone_roundtrip_build_queries_malformed(built, lean_runtime):
+    run = _check(built, lean_runtime, "check")
+    assert run.returncode == 0 and "ok 0 failures" in run.stdout, run.stdout + run.stderr
+    assert "ok malformed 166/166 rejected" in run.stdout
+
+
+CONFIGS = [
+    (CrispConfig(), (32, 8, 128)),
+    (method_config("flexprefill"), (32, 8, 128)),
+    (method_config("crisp_jsd"), (9, 3, 64)),
+    (CrispConfig(block_size=64, last_q=32, kappa=0.1, floor_quantile=0.25, tau=0.0, min_budget=0,
+                 max_budget=64, dense_below=0, floor_samples=16, gamma=1.0), (1, 1, 256)),
+]
+
+
+@pytest.mark.parametrize("config,heads", CONFIGS)
+def test_python_fields_roundtrip_exactly(built, lean_runtime, tmp_path, config, heads):
+    text = _serialised(plugin.plugin_fields(config, *heads))
+    (tmp_path / "fields").write_text(text)
+    run = _check(built, lean_runtime, "roundtrip", str(tmp_path / "fields"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.split("\n", 1)[1] == text
+
+
+def test_python_fields_out_of_range_rejected(built, lean_runtime, tmp_path):
+    fields = plugin.plugin_fields(CrispConfig(), 32, 8, 128)
+    fields = [(n, np.array([96], np.int32) if n == "block_size" else v, k) for n, v, k in fields]
+    (tmp_path / "fields").write_text(_serialised(fields))
+    run = _check(built, lean_runtime, "roundtrip", str(tmp_path / "fields"))
+    assert run.returncode == 2 and "REJECTED" in run.stdout
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_fuzz_field_collections(built, lean_runtime, seed):
+    run = _check(built, lean_runtime, "fuzz", str(FUZZ_COLLECTIONS), str(seed))
+    assert run.returncode == 0 and " 0 failures" in run.stdout, run.stdout + run.stderr
+    created = int(run.stdout.split(" created")[0].rsplit(" ", 1)[1])
+    assert 0 < created < FUZZ_COLLECTIONS  # both valid and malformed collections were exercised
+
+
+@pytest.mark.parametrize("args", [("check",), ("fuzz", str(FUZZ_COLLECTIONS), "3")])
+def test_sanitizers_clean(built_asan, lean_runtime, args):
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="halt_on_error=1")
+    run = _check(built_asan, lean_runtime, *args, env=env)
+    report = run.stdout + run.stderr
+    assert run.returncode == 0 and "Sanitizer" not in report and " 0 failures" in report, report
