@@ -33,6 +33,25 @@ namespace
 
 int gFailures = 0;
 
+// Collects the plugin's errors. A runtime hands the plugin its logger through setLoggerFinder, but the
+// lean runtime has none without a GPU, so the checker hands over this one first (the plugin keeps the first).
+struct CapturingLogger : ILogger
+{
+    std::vector<std::string> errors;
+    void log(Severity severity, AsciiChar const* msg) noexcept override
+    {
+        if (severity <= Severity::kERROR) errors.emplace_back(msg);
+    }
+} gLogger;
+
+struct CapturingLoggerFinder : ILoggerFinder
+{
+    ILogger* findLogger() override
+    {
+        return &gLogger;
+    }
+} gLoggerFinder;
+
 void expect(bool ok, std::string const& what)
 {
     if (!ok)
@@ -156,6 +175,15 @@ bool load(char const* runtimePath, char const* pluginPath, Runtime& rt)
     }
     using GetRegistry = IPluginRegistry* (*) ();
     auto getRegistry = reinterpret_cast<GetRegistry>(dlsym(lib, "getPluginRegistry"));
+    void* pluginLib = dlopen(pluginPath, RTLD_NOW | RTLD_LOCAL);
+    using SetLoggerFinder = void (*)(ILoggerFinder*);
+    auto setFinder = reinterpret_cast<SetLoggerFinder>(pluginLib ? dlsym(pluginLib, "setLoggerFinder") : nullptr);
+    if (setFinder == nullptr)
+    {
+        std::printf("FAIL %s exports no setLoggerFinder\n", pluginPath);
+        return false;
+    }
+    setFinder(&gLoggerFinder);
     rt.registry = getRegistry == nullptr ? nullptr : getRegistry();
     if (rt.registry == nullptr || rt.registry->loadLibrary(pluginPath) == nullptr)
     {
@@ -331,8 +359,13 @@ int check(Runtime& rt)
     {
         FieldSet s = validFields();
         mutate(s);
+        gLogger.errors.clear();
         PluginPtr p = create(rt, s.collection());
         expect(p == nullptr, "rejects " + what);
+        bool const logged = gLogger.errors.size() == 1
+            && gLogger.errors[0].find("CrispPrefillAttention: createPlugin: ") != std::string::npos;
+        expect(logged, "one error logged for " + what);
+        if (logged && rejected == 0) std::printf("ok logged: %s\n", gLogger.errors[0].c_str());
         rejected += p == nullptr;
     }
     std::printf("ok malformed %d/%zu rejected\n", rejected, cases.size());
@@ -381,7 +414,9 @@ int fuzz(Runtime& rt, int64_t n, uint32_t seed)
             }
         }
         PluginFieldCollection const* fc = s.collection();
+        gLogger.errors.clear();
         PluginPtr p = create(rt, fc, pick(0, 1) ? TensorRTPhase::kBUILD : TensorRTPhase::kRUNTIME);
+        expect(gLogger.errors.size() == (p == nullptr ? 1U : 0U), "fuzz: one error per rejection, none else");
         if (p != nullptr)
         {
             ++created;
