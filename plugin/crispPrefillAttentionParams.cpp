@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <type_traits>
 
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldCollection;
@@ -53,10 +54,12 @@ char const* typeName(PluginFieldType type)
     }
 }
 
-// Pointers of every field of `p`, in kFIELDS order (ints, floats or strings by the spec's type).
-void* slot(CrispParams& p, int32_t i)
+// Address of field i of `p` (an int32_t, float or std::string by kFIELDS[i].type); const follows `p`.
+template <typename Params>
+auto slot(Params& p, int32_t i)
 {
-    void* const slots[kNB_FIELDS] = {&p.blockSize, &p.lastQ, &p.sinkTokens, &p.localBlocks, &p.kappa,
+    using Slot = std::conditional_t<std::is_const_v<Params>, void const*, void*>;
+    Slot const slots[kNB_FIELDS] = {&p.blockSize, &p.lastQ, &p.sinkTokens, &p.localBlocks, &p.kappa,
         &p.floorQuantile, &p.tau, &p.minBudget, &p.maxBudget, &p.denseBelow, &p.routing, &p.budget, &p.gamma,
         &p.floorSamples, &p.numHeads, &p.numKvHeads, &p.headDim};
     return slots[i];
@@ -189,10 +192,9 @@ bool parseCrispFields(PluginFieldCollection const* fc, CrispParams& out, std::st
 std::vector<PluginField> crispFieldsOf(CrispParams const& params)
 {
     std::vector<PluginField> v;
-    auto& p = const_cast<CrispParams&>(params);
     for (int32_t i = 0; i < kNB_FIELDS; ++i)
     {
-        void const* data = slot(p, i);
+        void const* data = slot(params, i);
         int32_t length = 1;
         if (kFIELDS[i].type == PluginFieldType::kCHAR)
         {
