@@ -87,9 +87,8 @@ def field_collection(config: CrispConfig, num_heads: int, num_kv_heads: int, hea
 
 def load(registry=None, path: str | os.PathLike | None = None):
     """Load the library into `registry` (default: TensorRT's global one) and return the plugin's creator."""
-    trt = tensorrt()
-    registry = registry or trt.get_plugin_registry()
     library = Path(path) if path else library_path()
+    registry = registry or tensorrt().get_plugin_registry()
     if registry.load_library(str(library)) is None:
         raise RuntimeError(f"TensorRT could not load {library}")
     creator = registry.get_creator(NAME, VERSION, NAMESPACE)

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -114,6 +115,39 @@ def test_field_collection_with_tensorrt_bindings():
         pytest.skip(f"TensorRT Python bindings not importable: {e}")
     fc = plugin.field_collection(CrispConfig(), 32, 8, 128, trt=trt)
     assert len(fc) == 17
+
+
+class _FakeRegistry:
+    def __init__(self, handle, creator):
+        self.handle, self.creator, self.calls = handle, creator, []
+
+    def load_library(self, path):
+        self.calls.append(("load_library", path))
+        return self.handle
+
+    def get_creator(self, *key):
+        self.calls.append(("get_creator", key))
+        return self.creator
+
+
+def test_load_uses_the_registry_and_names_failures(tmp_path):
+    library = tmp_path / plugin.LIBRARY
+    registry = _FakeRegistry(handle=1, creator="creator")
+    assert plugin.load(registry, library) == "creator"
+    assert registry.calls == [("load_library", str(library)), ("get_creator", ("CrispPrefillAttention", "1", "crisp"))]
+    with pytest.raises(RuntimeError, match="could not load"):
+        plugin.load(_FakeRegistry(handle=None, creator="creator"), library)
+    with pytest.raises(RuntimeError, match="no creator crisp::CrispPrefillAttention v1"):
+        plugin.load(_FakeRegistry(handle=1, creator=None), library)
+
+
+def test_field_collection_maps_types():
+    fake = SimpleNamespace(PluginFieldType=SimpleNamespace(INT32="i", FLOAT32="f", CHAR="c"),
+                           PluginField=lambda name, value, kind: (name, value, kind), PluginFieldCollection=list)
+    fc = plugin.field_collection(CrispConfig(), 9, 3, 64, trt=fake)
+    assert [(n, k) for n, _, k in fc][:5] == [("block_size", "i"), ("last_q", "i"), ("sink_tokens", "i"),
+                                              ("local_blocks", "i"), ("kappa", "f")]
+    assert dict((n, k) for n, _, k in fc)["routing"] == "c" and len(fc) == 17
 
 
 # --- native: the library through the lean runtime's registry ---------------------------------------------
