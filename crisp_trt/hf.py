@@ -1,0 +1,100 @@
+"""HF transformers integration: `attn_implementation="crisp"` (DESIGN.md §4).
+
+`register()` (run on import of this module) adds "crisp" to transformers' `AttentionInterface` and the
+SDPA mask builder to `AttentionMaskInterface` under the same name, so
+
+    import crisp_trt.hf
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="crisp")
+
+routes every attention layer through `crisp_attention_forward`:
+
+* prefill — query length == key length ≥ max(dense_below, 1), no attention mask (no padding; the
+  SDPA mask builder returns None for a plain causal batch), default scaling 1/√d, no dropout, no
+  sliding window → `crisp_prefill_attention` (CPU: reference, CUDA: Triton kernels);
+* everything else (decode with a KV cache, short prompts, padded batches, chunked prefill) →
+  transformers' own `sdpa_attention_forward`, i.e. dense.
+
+The CrispConfig is per model: `set_crisp_config(model, cfg)` stores `cfg.to_dict()` in
+`model.config.crisp_config` (so it also survives `save_pretrained`); each layer reads it from
+`module.config.crisp_config` (attention modules keep a reference to the model config). Without one,
+`CrispConfig()` defaults are used. `crisp_config_of(model)` reads it back. Per-call counters
+(`CALLS["crisp"]`, `CALLS["dense"]`) let tests and benchmarks see which path ran.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import torch
+
+from .api import crisp_prefill_attention
+from .config import CrispConfig
+
+NAME = "crisp"
+CALLS: Counter = Counter()
+_CACHE: dict = {}
+
+
+def _config_from(obj) -> CrispConfig:
+    raw = getattr(obj, "crisp_config", None) if obj is not None else None
+    if raw is None:
+        return CrispConfig()
+    if isinstance(raw, CrispConfig):
+        return raw
+    key = tuple(sorted(raw.items()))
+    if key not in _CACHE:
+        _CACHE[key] = CrispConfig.from_dict(dict(raw))
+    return _CACHE[key]
+
+
+def set_crisp_config(model, cfg: CrispConfig | dict | None) -> None:
+    """Attach a CrispConfig to a model (stored as a dict in model.config.crisp_config); None → defaults."""
+    if isinstance(cfg, dict):
+        cfg = CrispConfig.from_dict(cfg)
+    model.config.crisp_config = None if cfg is None else cfg.to_dict()
+    for sub in ("text_config",):  # multimodal wrappers keep the LM config separately
+        if hasattr(model.config, sub):
+            setattr(getattr(model.config, sub), "crisp_config", model.config.crisp_config)
+
+
+def crisp_config_of(model) -> CrispConfig:
+    return _config_from(model.config)
+
+
+def crisp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                            is_causal: bool | None = None, **kwargs):
+    """Same contract as transformers' sdpa_attention_forward: query [B, H, q, d], key/value [B, H_kv, k, d];
+    returns (attn_output [B, q, H, d], None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cfg = _config_from(getattr(module, "config", None))
+    q_len, k_len, d = query.shape[2], key.shape[2], query.shape[-1]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    default_scale = scaling is None or math.isclose(scaling, d ** -0.5, rel_tol=1e-6)
+    prefill = (q_len == k_len and q_len >= max(cfg.dense_below, 1) and attention_mask is None and causal
+               and default_scale and (dropout == 0.0 or not module.training)
+               and kwargs.get("sliding_window") is None and query.shape[1] % key.shape[1] == 0)
+    if not prefill:
+        CALLS["dense"] += 1
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    CALLS["crisp"] += 1
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, n, H, d]
+    out = crisp_prefill_attention(q, k, v, config=cfg)
+    return out, None
+
+
+def register() -> None:
+    """Register "crisp" with transformers' AttentionInterface and AttentionMaskInterface (idempotent)."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("crisp_trt.hf needs transformers>=4.57: pip install -e .[eval] "
+                          "(or pip install transformers)") from exc
+    AttentionInterface.register(NAME, crisp_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+register()

