@@ -1,0 +1,104 @@
+"""The artifact directory: load → (calibrate) → save HF weights + config.json with the CRISP section.
+
+DIR/config.json is the model's HF config plus a "crisp" section:
+  {"format": 1, "backend", "max_seq", "dtype", "source", "config": CrispConfig.to_dict(),
+   "layers": [{"kappa", "tau"} per layer], "calibration": {...}}
+DIR/*.safetensors (model dtype), tokenizer files; tensorrt backend adds DIR/trtllm_ckpt/ and DIR/engines/.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from crisp_trt.config import CrispConfig
+
+FORMAT = 1
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def load_checkpoint(model: str | Path, dtype: str = "auto"):
+    """(model, tokenizer) from an HF directory or a .gguf file, dense (SDPA) attention, eval mode, CPU."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model)
+    kwargs = {"attn_implementation": "sdpa"}
+    if dtype != "auto":
+        kwargs["dtype"] = _TORCH_DTYPES[dtype]
+    if path.is_file():  # GGUF: transformers dequantises (fp32 unless dtype given)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        mdl = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
+    else:
+        tok = AutoTokenizer.from_pretrained(str(path))
+        mdl = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    return mdl.eval(), tok
+
+
+def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: int = 512, recall: float = 0.98,
+          calib_block: int | None = None, tp: int = 1, rope_scaling: dict | None = None, backend: str = "torch",
+          seed: int = 0, progress: bool = True, base: CrispConfig | None = None) -> Path:
+    from tqdm import tqdm
+
+    from .calibrate import calibrate
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = tqdm(total=4, desc="crisp-build", disable=not progress, unit="step")
+    t0 = time.time()
+    steps.set_postfix_str("loading checkpoint")
+    mdl, tok = load_checkpoint(model, dtype)
+    if rope_scaling:
+        mdl.config.rope_scaling = rope_scaling
+    steps.update()
+    base = base or CrispConfig()
+    if calib_block is None:
+        calib_block = 64 if calibrate_tokens < 4096 else base.block_size
+    base = base.replace(block_size=calib_block, min_budget=min(base.min_budget, 4 * calib_block))
+    layers_n = mdl.config.num_hidden_layers
+    if calibrate_tokens > 0:
+        steps.set_postfix_str(f"calibrating on {calibrate_tokens} tokens")
+        base, record = calibrate(mdl, tok, calibrate_tokens, base, recall, seed, progress)
+        layers = [{"kappa": l["kappa"], "tau": l["tau"]} for l in record["layers"]]
+    else:
+        record, layers = None, [{"kappa": base.kappa, "tau": base.tau} for _ in range(layers_n)]
+    steps.update()
+    steps.set_postfix_str("saving weights")
+    mdl.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["max_position_embeddings"] = max(int(cfg.get("max_position_embeddings") or 0), 0) or max_seq
+    cfg["crisp"] = {
+        "format": FORMAT, "backend": backend, "max_seq": max_seq, "dtype": dtype,
+        "weights_dtype": str(next(mdl.parameters()).dtype).replace("torch.", ""),
+        "source": str(model), "tp": tp, "config": base.to_dict(), "layers": layers, "calibration": record,
+    }
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    steps.update()
+    if backend == "tensorrt":
+        from .engine import build_engines
+        from .trtllm_checkpoint import convert
+
+        steps.set_postfix_str("TensorRT-LLM checkpoint + engines")
+        convert(out, out / "trtllm_ckpt", tp=tp, dtype=None if dtype == "auto" else dtype)
+        build_engines(out / "trtllm_ckpt", out / "engines", max_seq)
+    steps.update()
+    steps.close()
+    print(f"crisp-build: {layers_n} layers, calibration "
+          + (f"recall {record['mean_recall']:.4f} at density {record['mean_density']:.3f}"
+             + (" (global defaults confirmed)" if record["defaults_confirmed"] else " (per-layer kappa/tau)")
+             if record else "skipped (defaults)") + f", {time.time() - t0:.1f} s", flush=True)
+    return out
+
+
+def read_crisp(artifact_dir) -> dict:
+    cfg = json.loads((Path(artifact_dir) / "config.json").read_text())
+    if "crisp" not in cfg:
+        raise ValueError(f"{artifact_dir}/config.json has no 'crisp' section: not a crisp-build artifact")
+    return cfg["crisp"]
+
+
+def layer_configs(crisp: dict) -> list[CrispConfig]:
+    base = CrispConfig.from_dict(crisp["config"])
+    return [base.replace(kappa=float(l["kappa"]), tau=float(l["tau"])) for l in crisp["layers"]]

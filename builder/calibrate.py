@@ -1,0 +1,186 @@
+"""Per-layer calibration of CRISP's kappa (noise-floor multiplier) and tau (routing threshold).
+
+The paper leaves per-model threshold tuning open. Here: run the model once on calibration text,
+capture every layer's post-RoPE Q and K, and per layer and head measure the estimate statistics
+(noise floor, sink mass, local mass, C_struct) with crisp_trt.reference (estimate, select_heads).
+Then, per layer, search a fixed grid of (kappa, tau) for the lowest block density whose
+attention-mass recall (dense attention mass inside the selected blocks, on sampled query rows) is at
+least `recall` (default 0.98); ties prefer the global default. Deterministic: fixed text, fixed grid,
+fixed row sample, no randomness beyond the seeded text generator.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+
+import torch
+
+from crisp_trt import reference
+from crisp_trt.config import CrispConfig
+
+KAPPAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+TAUS = (0.0, 0.3, 0.5, 0.7, 0.9)
+
+_TEXT = (
+    "The committee met on a grey morning to review the harbour accounts. The treasurer reported that "
+    "the fishing fleet had landed more cod than in any year since the storm, while the price of salt had "
+    "doubled. A long discussion followed about whether the old lighthouse should be repaired or replaced "
+    "by an electric beacon on the northern pier. In the end the members agreed to ask the engineer from "
+    "the city for an estimate before the spring tides. "
+    "def merge(left, right):\n    out = []\n    while left and right:\n        out.append(left.pop(0) "
+    "if left[0] <= right[0] else right.pop(0))\n    return out + left + right\n"
+    "Photosynthesis converts light energy into chemical energy stored in glucose. Chlorophyll absorbs "
+    "mostly blue and red light and reflects green, which is why leaves look green to us. "
+)
+_WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+          "kelp", "lantern", "marble", "nectar", "obsidian", "pepper", "quartz", "raven", "saffron", "tundra")
+
+
+def calibration_text(tokens: int, seed: int = 0) -> str:
+    """Deterministic mixed text (prose, code, planted word sequences to retrieve) of >= `tokens` tokens."""
+    rng = random.Random(seed)
+    parts, words = [], 0
+    while words < tokens:  # ~1.3 tokens per word: words >= tokens is always enough
+        parts.append(_TEXT)
+        planted = " ".join(rng.choice(_WORDS) for _ in range(8))
+        parts.append(f" Remember the sequence: {planted}. ")
+        words += len(_TEXT.split()) + 12
+    parts.append(" Now repeat the first sequence:")
+    return "".join(parts)
+
+
+def _sample_rows(n: int, count: int, window: int) -> torch.Tensor:
+    """Query rows for recall: the whole last window plus a fixed stride over the rest."""
+    last = torch.arange(max(0, n - window), n)
+    rest = torch.linspace(0, max(0, n - window - 1), steps=min(count, max(1, n - window))).round().long()
+    return torch.unique(torch.cat([rest, last]))
+
+
+def mass_recall(q: torch.Tensor, k: torch.Tensor, masks: torch.Tensor, rows: torch.Tensor, block: int) -> torch.Tensor:
+    """Per head: mean over `rows` of the dense attention mass the block masks keep. q [n,H,d], k [n,Hkv,d]."""
+    n, heads, d = q.shape
+    kk = k.float().repeat_interleave(heads // k.shape[1], dim=1)
+    logits = torch.einsum("ihd,jhd->hij", q[rows].float(), kk) / math.sqrt(d)
+    causal = torch.arange(n).view(1, n) <= rows.view(-1, 1)
+    p = torch.softmax(logits.masked_fill(~causal, float("-inf")), -1)  # [H, R, n]
+    allowed = masks[:, rows // block][:, :, torch.arange(n) // block]  # [H, R, n]
+    return (p * allowed).sum(-1).mean(-1)
+
+
+def head_statistics(est: reference.Estimate, sel: reference.HeadSelection, cfg: CrispConfig, n: int) -> dict:
+    """Noise floor, sink mass, local mass and C_struct per head (the estimate statistics of §3)."""
+    nb = est.vsum.shape[1]
+    sink, local = min(cfg.sink_blocks, nb), min(cfg.local_blocks, nb)
+    width = torch.full((nb,), float(cfg.block_size))
+    width[-1] = n - (nb - 1) * cfg.block_size
+    lo, hi = sink, max(sink, nb - 1 - local)
+    floors = []
+    for h in range(est.vsum.shape[0]):
+        means = (est.vsum[h, lo:hi] / width[lo:hi]) if hi > lo else torch.zeros(1)
+        floors.append(float(torch.quantile(means, cfg.floor_quantile)) if means.numel() else 0.0)
+    r = lambda t: [round(float(x), 6) for x in t]  # noqa: E731
+    return {"noise_floor": [round(f, 8) for f in floors], "sink_mass": r(est.vsum[:, :sink].sum(1)),
+            "local_mass": r(est.ssum[:, :local].sum(1)), "c_struct": r(sel.c_struct),
+            "route": [int(x) for x in sel.route]}
+
+
+def calibrate_layer(q: torch.Tensor, k: torch.Tensor, base: CrispConfig, recall: float = 0.98,
+                    row_samples: int = 64) -> dict:
+    """Choose (kappa, tau) for one layer; q [n,H,d], k [n,Hkv,d] (one sequence, post-RoPE)."""
+    n = q.shape[0]
+    cfg0 = base.replace(dense_below=0)
+    est = reference.estimate(q, k, cfg0)
+    rows = _sample_rows(n, row_samples, cfg0.window)
+    results = []
+    for kappa in KAPPAS:
+        cfg_k = cfg0.replace(kappa=kappa)
+        sel = reference.select_heads(est, q, k, cfg_k)
+        for tau in TAUS:
+            sel_t = reference.HeadSelection(sel.columns, sel.distances, sel.c_struct, sel.jsd,
+                                            torch.where(sel.c_struct >= tau, reference.ROUTE_VERTICAL_SLASH,
+                                                        reference.ROUTE_BLOCK_SPARSE))
+            masks = reference.block_masks(q, k, sel_t, cfg_k.replace(tau=tau))
+            rec = mass_recall(q, k, masks, rows, cfg0.block_size)
+            results.append({"kappa": kappa, "tau": tau, "recall": float(rec.mean()),
+                            "min_head_recall": float(rec.min()), "density": float(reference.density(masks).mean())})
+    ok = [r for r in results if r["recall"] >= recall]
+    default = (base.kappa, base.tau)
+    key = lambda r: (round(r["density"], 6), (r["kappa"], r["tau"]) != default, -r["kappa"], r["tau"])  # noqa: E731
+    best = min(ok, key=key) if ok else max(results, key=lambda r: (r["recall"], -r["density"]))
+    default_row = next((r for r in results if (r["kappa"], r["tau"]) == default), None)
+    sel_best = reference.select_heads(est, q, k, cfg0.replace(kappa=best["kappa"], tau=best["tau"]))
+    out = {k2: round(v, 6) if isinstance(v, float) else v for k2, v in best.items()}
+    out["met"] = bool(ok)
+    out["default"] = default_row and {k2: round(v, 6) for k2, v in default_row.items()}
+    out["heads"] = head_statistics(est, sel_best, cfg0.replace(kappa=best["kappa"]), n)
+    return out
+
+
+class _Capture:
+    """Records post-RoPE Q/K per layer via a registered HF attention function (then runs SDPA)."""
+
+    NAME = "crisp_calibrate"
+
+    def __init__(self):
+        self.q, self.k = {}, {}
+
+    def __call__(self, module, query, key, value, attention_mask, **kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        idx = getattr(module, "layer_idx", len(self.q))
+        self.q[idx] = query[0].transpose(0, 1).detach().float().cpu()  # [n, H, d]
+        self.k[idx] = key[0].transpose(0, 1).detach().float().cpu()
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def set_attention(model, name: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:
+        model.config._attn_implementation = name
+
+
+def capture_qk(model, input_ids: torch.Tensor):
+    from transformers import AttentionInterface
+
+    cap = _Capture()
+    AttentionInterface.register(_Capture.NAME, cap)
+    previous = model.config._attn_implementation
+    set_attention(model, _Capture.NAME)
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids, use_cache=False)
+    finally:
+        set_attention(model, previous)
+    return cap.q, cap.k
+
+
+def calibrate(model, tokenizer, tokens: int = 512, base: CrispConfig | None = None, recall: float = 0.98,
+              seed: int = 0, progress: bool = True) -> tuple[CrispConfig, dict]:
+    """Run the model on calibration text; returns (the CRISP config to use, the calibration record)."""
+    from tqdm import tqdm
+
+    base = base or CrispConfig()
+    torch.manual_seed(seed)
+    text = calibration_text(tokens, seed)
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
+    device = next(model.parameters()).device
+    qs, ks = capture_qk(model, ids.to(device))
+    layers = []
+    for idx in tqdm(sorted(qs), desc="calibrating layers", disable=not progress):
+        layer = calibrate_layer(qs[idx], ks[idx], base, recall)
+        layer["layer"] = idx
+        layers.append(layer)
+    confirmed = all((l["kappa"], l["tau"]) == (base.kappa, base.tau) for l in layers)
+    record = {
+        "tokens": int(ids.shape[1]), "seed": seed, "recall_target": recall, "block_size": base.block_size,
+        "text_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "grid": {"kappa": list(KAPPAS), "tau": list(TAUS)},
+        "defaults_confirmed": confirmed,
+        "all_met": all(l["met"] for l in layers),
+        "mean_recall": round(sum(l["recall"] for l in layers) / max(1, len(layers)), 6),
+        "mean_density": round(sum(l["density"] for l in layers) / max(1, len(layers)), 6),
+        "layers": layers,
+    }
+    return base, record

@@ -1,0 +1,160 @@
+"""Run a crisp-build torch artifact: `load(DIR)` → a model that generates with CRISP prefill.
+
+HF transformers underneath; prefill attention (query length == key length > 1, one sequence, no
+padding) goes through crisp_trt.crisp_prefill_attention with the artifact's per-layer calibrated
+config; decode steps use SDPA. `crisp-run DIR --prompt ...` prints the completion and the TTFT.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ATTN_NAME = "crisp_artifact"
+_LAYER_CONFIGS: dict[int, list] = {}  # id(config) → per-layer CrispConfig list
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """HF attention function: CRISP for prefill, SDPA for decode. query [B,H,n,d], key/value [B,Hkv,n,d]."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from .api import crisp_prefill_attention
+
+    configs = _LAYER_CONFIGS.get(id(module.config))
+    n = query.shape[2]
+    padded = attention_mask is not None and attention_mask.dim() == 4 and bool((attention_mask[:, :, -1] < -1).any()) \
+        if attention_mask is not None and attention_mask.dtype != torch.bool else False
+    if configs is None or n <= 1 or key.shape[2] != n or query.shape[0] != 1 or padded:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, **kwargs)
+    cfg = configs[getattr(module, "layer_idx", 0) % len(configs)]
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, n, H, d]
+    out = crisp_prefill_attention(q, k, v, config=cfg)
+    return out, None
+
+
+def _register():
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _attention)
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list
+    ttft_s: float
+    total_s: float
+    prompt_tokens: int
+
+
+class CrispModel:
+    """An HF causal LM with CRISP prefill (attention="crisp") or dense SDPA (attention="dense")."""
+
+    def __init__(self, model, tokenizer, crisp: dict, attention: str = "crisp"):
+        from crisp_trt.builder.artifact import layer_configs
+
+        self.model, self.tokenizer, self.crisp = model, tokenizer, crisp
+        self.layer_configs = layer_configs(crisp)
+        _LAYER_CONFIGS[id(model.config)] = self.layer_configs
+        self.set_attention(attention)
+
+    def set_attention(self, attention: str) -> None:
+        if attention not in ("crisp", "dense"):
+            raise ValueError(f"attention={attention!r}: expected 'crisp' or 'dense'")
+        from crisp_trt.builder.calibrate import set_attention
+
+        set_attention(self.model, ATTN_NAME if attention == "crisp" else "sdpa")
+        self.attention = attention
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def encode(self, prompt: str, chat: bool = False) -> torch.Tensor:
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                     return_tensors="pt")
+            ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        else:
+            ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+        return ids.to(self.device)
+
+    @torch.no_grad()
+    def generate_ids(self, input_ids: torch.Tensor, max_new_tokens: int = 32) -> tuple[list, float, float]:
+        """Greedy decoding; returns (new token ids, TTFT seconds, total seconds)."""
+        sync = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
+        eos = self.tokenizer.eos_token_id
+        sync()
+        t0 = time.perf_counter()
+        out = self.model(input_ids=input_ids, use_cache=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        sync()
+        ttft = time.perf_counter() - t0
+        past, new = out.past_key_values, [int(token)]
+        for _ in range(max_new_tokens - 1):
+            if eos is not None and new[-1] == eos:
+                break
+            out = self.model(input_ids=token, past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            new.append(int(token))
+        sync()
+        return new, ttft, time.perf_counter() - t0
+
+    def generate(self, prompt: str, max_new_tokens: int = 32, chat: bool = False) -> Generation:
+        ids = self.encode(prompt, chat)
+        new, ttft, total = self.generate_ids(ids, max_new_tokens)
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        return Generation(text, new, ttft, total, int(ids.shape[1]))
+
+
+def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtype=None) -> CrispModel:
+    """Load a crisp-build torch artifact directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from crisp_trt.builder.artifact import read_crisp
+
+    path = Path(artifact_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json: not a crisp-build artifact (run crisp-build --output {path})")
+    crisp = read_crisp(path)
+    _register()
+    kwargs = {"attn_implementation": "sdpa"}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
+    if device:
+        model = model.to(device)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    return CrispModel(model, tok, crisp, attention)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="crisp-run", description="Generate with a crisp-build artifact (CRISP prefill).")
+    p.add_argument("artifact", metavar="DIR", help="directory written by crisp-build --backend torch")
+    p.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--attention", choices=("crisp", "dense"), default="crisp")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    args = p.parse_args(argv)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        model = load(args.artifact, args.attention, device)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"crisp-run: error: {exc}", file=sys.stderr)
+        return 2
+    gen = model.generate(prompt, args.max_new_tokens, chat=args.chat)
+    print(gen.text)
+    print(f"TTFT {gen.ttft_s * 1000:.1f} ms ({gen.prompt_tokens} prompt tokens, {args.attention} prefill), "
+          f"{len(gen.token_ids)} tokens in {gen.total_s:.2f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
