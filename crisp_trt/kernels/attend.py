@@ -1,0 +1,88 @@
+"""attend: causal block-sparse flash attention over per-(seq, head, q-block) key-block lists.
+
+One program per (query block, head, sequence). It walks the off-diagonal key blocks listed in
+idx[s, h, qb, :counts[s, h, qb]] (or, for a sequence flagged dense, every block kb < qb), then the
+diagonal block with the causal mask, with an fp32 online softmax (exp2). GQA reads kv head h // G
+directly (K/V are never repeated); varlen via cu_seqlens (programs past a sequence's end exit).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attend_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, causal_ok, qk_scale):
+    """One key block of the online softmax: returns updated (acc, m_i, l_i)."""
+    k = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    s = tl.where(causal_ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale,
+                  H: tl.constexpr, G: tl.constexpr, NQB: tl.constexpr, MAXK: tl.constexpr,
+                  BLOCK: tl.constexpr, D: tl.constexpr):
+    qb = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    start = tl.load(cu_ptr + s)
+    n = tl.load(cu_ptr + s + 1) - start
+    if qb * BLOCK >= n:
+        return
+    hk = h // G
+    HK: tl.constexpr = H // G
+    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    q_pos = qb * BLOCK + rows
+    q_ok = q_pos < n
+    q_off = ((start + q_pos).to(tl.int64) * H + h) * D
+    q = tl.load(q_ptr + q_off[:, None] + cols[None, :], mask=q_ok[:, None], other=0.0)
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK], tl.float32)
+    acc = tl.zeros([BLOCK, D], tl.float32)
+    dense = tl.load(dense_ptr + s)  # 1: every causal block, 0: the listed ones
+    listed = 1 - dense
+    row = (s * H + h) * NQB + qb
+    count = tl.load(cnt_ptr + row) * listed + qb * dense
+    all_ok = tl.full([BLOCK, BLOCK], 1, tl.int1)
+    i = 0
+    while i < count:  # a while loop: the interpreter cannot range() over a loaded bound
+        kb = tl.load(idx_ptr + row.to(tl.int64) * MAXK + i * listed) * listed + i * dense
+        k_pos = kb * BLOCK + rows
+        kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
+                                      v_ptr + kv_off[:, None] + cols[None, :], k_pos < n, all_ok, qk_scale)
+        i += 1
+    k_pos = qb * BLOCK + rows
+    kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
+    causal = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < n)
+    acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
+                                  v_ptr + kv_off[:, None] + cols[None, :], k_pos < n, causal, qk_scale)
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + q_off[:, None] + cols[None, :], out.to(o_ptr.dtype.element_ty), mask=q_ok[:, None])
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, idx: torch.Tensor,
+           counts: torch.Tensor, dense: torch.Tensor, block: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch attend. q [total, H, d], k, v [total, Hkv, d]; idx [S, H, NQB, MAXK] int32 (off-diagonal
+    key blocks), counts [S, H, NQB] int32, dense [S] int32 (1: every causal block). Grid (NQB, H, S)."""
+    total, heads, d = q.shape
+    seqs, _, nqb, maxk = idx.shape
+    out = torch.empty_like(q) if out is None else out
+    warps = 4 if block * d <= 64 * 128 else 8
+    attend_kernel[(nqb, heads, seqs)](q, k, v, out, cu_seqlens, idx, counts, dense, 1.0 / math.sqrt(d),
+                                      H=heads, G=heads // k.shape[1], NQB=nqb, MAXK=maxk, BLOCK=block, D=d,
+                                      num_warps=warps, num_stages=2)
+    return out
