@@ -36,6 +36,16 @@ def load_checkpoint(model: str | Path, dtype: str = "auto"):
     return mdl.eval(), tok
 
 
+def save_weights(mdl, out: Path) -> None:
+    """safetensors in the model's dtype (GGUF-loaded models are dequantised: saved as plain weights)."""
+    if getattr(mdl, "hf_quantizer", None) is not None or getattr(mdl.config, "quantization_config", None):
+        mdl.hf_quantizer = None
+        mdl.is_quantized = False
+        if hasattr(mdl.config, "quantization_config"):
+            del mdl.config.quantization_config
+    mdl.save_pretrained(out, safe_serialization=True)
+
+
 def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: int = 512, recall: float = 0.98,
           calib_block: int | None = None, tp: int = 1, rope_scaling: dict | None = None, backend: str = "torch",
           seed: int = 0, progress: bool = True, base: CrispConfig | None = None) -> Path:
@@ -55,7 +65,10 @@ def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: in
     base = base or CrispConfig()
     if calib_block is None:
         calib_block = 64 if calibrate_tokens < 4096 else base.block_size
-    base = base.replace(block_size=calib_block, min_budget=min(base.min_budget, 4 * calib_block))
+    if calibrate_tokens and calibrate_tokens < 4096:  # short calibration: budgets must not cover everything
+        base = base.replace(block_size=calib_block, min_budget=calib_block)
+    else:
+        base = base.replace(block_size=calib_block)
     layers_n = mdl.config.num_hidden_layers
     if calibrate_tokens > 0:
         steps.set_postfix_str(f"calibrating on {calibrate_tokens} tokens")
@@ -65,7 +78,7 @@ def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: in
         record, layers = None, [{"kappa": base.kappa, "tau": base.tau} for _ in range(layers_n)]
     steps.update()
     steps.set_postfix_str("saving weights")
-    mdl.save_pretrained(out, safe_serialization=True)
+    save_weights(mdl, out)
     tok.save_pretrained(out)
     cfg = json.loads((out / "config.json").read_text())
     cfg["max_position_embeddings"] = max(int(cfg.get("max_position_embeddings") or 0), 0) or max_seq

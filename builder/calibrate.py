@@ -19,7 +19,7 @@ import torch
 from crisp_trt import reference
 from crisp_trt.config import CrispConfig
 
-KAPPAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+KAPPAS = (2.0, 4.0, 8.0, 16.0, 32.0)
 TAUS = (0.0, 0.3, 0.5, 0.7, 0.9)
 
 _TEXT = (
@@ -57,15 +57,22 @@ def _sample_rows(n: int, count: int, window: int) -> torch.Tensor:
     return torch.unique(torch.cat([rest, last]))
 
 
-def mass_recall(q: torch.Tensor, k: torch.Tensor, masks: torch.Tensor, rows: torch.Tensor, block: int) -> torch.Tensor:
-    """Per head: mean over `rows` of the dense attention mass the block masks keep. q [n,H,d], k [n,Hkv,d]."""
+def dense_rows(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Dense causal attention probabilities of the sampled rows: [H, R, n]. q [n,H,d], k [n,Hkv,d]."""
     n, heads, d = q.shape
     kk = k.float().repeat_interleave(heads // k.shape[1], dim=1)
     logits = torch.einsum("ihd,jhd->hij", q[rows].float(), kk) / math.sqrt(d)
     causal = torch.arange(n).view(1, n) <= rows.view(-1, 1)
-    p = torch.softmax(logits.masked_fill(~causal, float("-inf")), -1)  # [H, R, n]
-    allowed = masks[:, rows // block][:, :, torch.arange(n) // block]  # [H, R, n]
-    return (p * allowed).sum(-1).mean(-1)
+    return torch.softmax(logits.masked_fill(~causal, float("-inf")), -1)
+
+
+def mass_recall(p: torch.Tensor, masks: torch.Tensor, rows: torch.Tensor, block: int) -> torch.Tensor:
+    """Per head: mean over the sampled rows of the dense attention mass (p = dense_rows) the masks keep."""
+    n = p.shape[-1]
+    nb = masks.shape[-1]
+    pb = torch.nn.functional.pad(p, (0, nb * block - n)).view(*p.shape[:2], nb, block).sum(-1)  # [H, R, NB]
+    allowed = masks[:, rows // block]  # [H, R, NB]
+    return (pb * allowed).sum(-1).mean(-1)
 
 
 def head_statistics(est: reference.Estimate, sel: reference.HeadSelection, cfg: CrispConfig, n: int) -> dict:
@@ -92,18 +99,26 @@ def calibrate_layer(q: torch.Tensor, k: torch.Tensor, base: CrispConfig, recall:
     cfg0 = base.replace(dense_below=0)
     est = reference.estimate(q, k, cfg0)
     rows = _sample_rows(n, row_samples, cfg0.window)
+    p = dense_rows(q, k, rows)
     results = []
+    heads = q.shape[1]
+    vs_route = torch.full((heads,), reference.ROUTE_VERTICAL_SLASH)
+    bs_route = torch.full((heads,), reference.ROUTE_BLOCK_SPARSE)
     for kappa in KAPPAS:
         cfg_k = cfg0.replace(kappa=kappa)
         sel = reference.select_heads(est, q, k, cfg_k)
+        # masks of each head under either route (tau only picks between them per head)
+        per_route = {}
+        for name, route in (("vs", vs_route), ("bs", bs_route)):
+            forced = reference.HeadSelection(sel.columns, sel.distances, sel.c_struct, sel.jsd, route)
+            masks = reference.block_masks(q, k, forced, cfg_k)
+            per_route[name] = (mass_recall(p, masks, rows, cfg0.block_size), reference.density(masks))
         for tau in TAUS:
-            sel_t = reference.HeadSelection(sel.columns, sel.distances, sel.c_struct, sel.jsd,
-                                            torch.where(sel.c_struct >= tau, reference.ROUTE_VERTICAL_SLASH,
-                                                        reference.ROUTE_BLOCK_SPARSE))
-            masks = reference.block_masks(q, k, sel_t, cfg_k.replace(tau=tau))
-            rec = mass_recall(q, k, masks, rows, cfg0.block_size)
+            is_vs = sel.c_struct >= tau
+            rec = torch.where(is_vs, per_route["vs"][0], per_route["bs"][0])
+            dens = torch.where(is_vs, per_route["vs"][1], per_route["bs"][1])
             results.append({"kappa": kappa, "tau": tau, "recall": float(rec.mean()),
-                            "min_head_recall": float(rec.min()), "density": float(reference.density(masks).mean())})
+                            "min_head_recall": float(rec.min()), "density": float(dens.mean())})
     ok = [r for r in results if r["recall"] >= recall]
     default = (base.kappa, base.tau)
     key = lambda r: (round(r["density"], 6), (r["kappa"], r["tau"]) != default, -r["kappa"], r["tau"])  # noqa: E731

@@ -1,0 +1,149 @@
+"""crisp-build: CLI parsing and errors (fast), then one real end-to-end build of SmolLM2 (slow, CPU)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from crisp_trt.builder import cli
+from crisp_trt.builder.calibrate import calibrate_layer, calibration_text
+from crisp_trt.config import CrispConfig
+
+
+@pytest.mark.parametrize("text,value", [("8k", 8192), ("512k", 524288), ("1M", 1048576), ("131072", 131072),
+                                        ("4K", 4096), ("1m", 1048576)])
+def test_parse_length(text, value):
+    assert cli.parse_length(text) == value
+
+
+@pytest.mark.parametrize("bad", ["", "k", "1.5k", "-8k", "0", "8kb", "12x"])
+def test_parse_length_rejects(bad):
+    with pytest.raises(ValueError):
+        cli.parse_length(bad)
+
+
+def test_help_lists_options(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--model", "--max-seq", "--output", "--backend", "--dtype", "--calibrate", "--tp", "--triton-repo",
+                 "--rope-scaling"):
+        assert flag in text
+
+
+def _err(capsys, argv):
+    assert cli.main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_missing_checkpoint(capsys, tmp_path):
+    assert "no such file or directory" in _err(capsys, ["--model", str(tmp_path / "nope"), "--backend", "torch"])
+
+
+def test_dir_without_config(capsys, tmp_path):
+    assert "no config.json" in _err(capsys, ["--model", str(tmp_path), "--backend", "torch"])
+
+
+def test_invalid_config_json(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    assert "not valid JSON" in _err(capsys, ["--model", str(tmp_path), "--backend", "torch"])
+
+
+def test_no_safetensors(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert "safetensors" in _err(capsys, ["--model", str(tmp_path), "--backend", "torch"])
+
+
+def test_unsupported_architecture(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    err = _err(capsys, ["--model", str(tmp_path), "--backend", "torch"])
+    assert "unsupported architecture" in err and "LlamaForCausalLM" in err and "GQA" in err
+
+
+def test_bad_gguf(capsys, tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    assert "not a valid GGUF" in _err(capsys, ["--model", str(bad), "--backend", "torch"])
+
+
+def test_max_seq_beyond_rope():
+    cfg = {"max_position_embeddings": 8192}
+    with pytest.raises(cli.BuildError, match="--rope-scaling"):
+        cli.check_max_seq(cli.parse_length("512k"), cfg, None)
+    assert cli.check_max_seq(8192, cfg, None) == (8192, None)
+    seq, scaling = cli.check_max_seq(cli.parse_length("32k"), cfg, "linear:4")
+    assert seq == 32768 and scaling == {"rope_type": "linear", "factor": 4.0}
+    with pytest.raises(cli.BuildError, match="TYPE:FACTOR"):
+        cli.check_max_seq(8192, cfg, "bogus")
+
+
+def test_tensorrt_backend_missing_is_clear(capsys):
+    from crisp_trt.builder.engine import tensorrt_available
+
+    if tensorrt_available():
+        pytest.skip("TensorRT-LLM is installed here")
+    with pytest.raises(cli.BuildError, match=r"TensorRT-LLM <= 1\.2"):
+        from crisp_trt.builder.engine import require_tensorrt
+
+        require_tensorrt()
+
+
+def test_calibrate_layer_deterministic_and_meets_recall():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(512, 4, 32, generator=g), torch.randn(512, 2, 32, generator=g)
+    k[:4] *= 4  # a sink
+    base = CrispConfig(block_size=64, min_budget=64)
+    a, b = calibrate_layer(q, k, base), calibrate_layer(q, k, base)
+    assert a == b
+    assert a["met"] and a["recall"] >= 0.98
+    assert set(a["heads"]) >= {"noise_floor", "sink_mass", "local_mass", "c_struct"}
+    assert calibration_text(300, 1) == calibration_text(300, 1)
+
+
+# ---- the real model, end to end (one build per module) ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    try:
+        cli.default_model()
+    except cli.BuildError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path_factory.mktemp("art") / "smollm2"
+    rc = cli.main(["--output", str(out), "--backend", "torch", "--calibrate", "256", "--no-progress"])
+    assert rc == 0
+    return out
+
+
+@pytest.mark.slow
+def test_build_writes_calibrated_config(artifact):
+    cfg = json.loads((artifact / "config.json").read_text())
+    crisp = cfg["crisp"]
+    assert cfg["num_hidden_layers"] == 30 and cfg["num_key_value_heads"] == 3
+    assert crisp["backend"] == "torch" and crisp["max_seq"] == 8192
+    CrispConfig.from_dict(crisp["config"])
+    assert len(crisp["layers"]) == 30 and len(crisp["calibration"]["layers"]) == 30
+    cal = crisp["calibration"]
+    for layer in cal["layers"]:
+        assert len(layer["heads"]["c_struct"]) == 9
+        assert (not layer["met"]) or layer["recall"] >= 0.98
+    assert list(artifact.glob("*.safetensors"))
+
+
+@pytest.mark.slow
+def test_crisp_run_answers(artifact):
+    from crisp_trt import runtime
+
+    model = runtime.load(artifact)
+    gen = model.generate("The capital of France is", max_new_tokens=6)
+    assert gen.ttft_s > 0 and len(gen.token_ids) >= 1 and gen.text.strip()
+    dense = runtime.load(artifact, attention="dense").generate("The capital of France is", max_new_tokens=6)
+    assert dense.text == gen.text  # a short prompt is below dense_below: identical by construction
+    proc = subprocess.run([sys.executable, "-m", "crisp_trt.runtime", str(artifact), "--prompt", "Hello",
+                           "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "TTFT" in proc.stderr
