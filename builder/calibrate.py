@@ -19,7 +19,7 @@ import torch
 from crisp_trt import reference
 from crisp_trt.config import CrispConfig
 
-KAPPAS = (2.0, 4.0, 8.0, 16.0, 32.0)
+KAPPAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 TAUS = (0.0, 0.3, 0.5, 0.7, 0.9)
 
 _TEXT = (
