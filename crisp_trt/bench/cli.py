@@ -1,0 +1,120 @@
+"""crisp-bench: op speed/accuracy, real-model accuracy, end-to-end (DESIGN.md §6)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_len(s: str) -> int:
+    s = s.strip().lower()
+    mult = {"k": 1024, "m": 1024 * 1024}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+def _lens(s: str):
+    return tuple(parse_len(x) for x in s.split(",") if x)
+
+
+def _config(args):
+    from ..config import CrispConfig
+
+    if args.config:
+        import json
+
+        with open(args.config) as f:
+            return CrispConfig.from_dict(json.load(f))
+    return CrispConfig()
+
+
+def _bar(total, desc):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr)
+
+
+def cmd_op(args):
+    import torch
+
+    from . import op
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    lengths, shapes = _lens(args.lengths), tuple(args.shapes.split(","))
+    methods, workloads = tuple(args.methods.split(",")), tuple(args.workloads.split(","))
+    spec = None
+    if args.spec:
+        import json
+
+        from ..workloads.synthetic import SyntheticSpec
+
+        with open(args.spec) as f:
+            spec = SyntheticSpec(**json.load(f))
+    with _bar(len(lengths) * len(shapes) * len(methods) * len(workloads), "op") as bar:
+        rows = op.run_op(lengths=lengths, shapes=shapes, methods=methods, workloads=workloads, repeats=args.repeats,
+                         device=device, base=_config(args), spec=spec, progress=bar, recall_max_n=args.recall_max_n)
+    path = op.write_results(rows, args.out, plots=not args.no_plots)
+    for r in rows:
+        print(f"{r['workload']:>22} n={r['n']:>8} {r['method']:>12} {r['ms']:10.3f} ms  x{r['speedup_vs_cudnn'] or 0:6.2f}"
+              f"  dens {r['density']:.3f}  err {r['rel_error']:.4f}  recall {r['recall'] if r['recall'] is None else round(r['recall'], 4)}")
+    print(path)
+
+
+def cmd_accuracy(args):
+    from . import accuracy
+
+    lengths, depths = _lens(args.lengths), tuple(float(x) for x in args.depths.split(","))
+    methods = tuple(args.methods.split(","))
+    total = len(lengths) * len(depths) * args.trials * len(set(methods) | {"dense"})
+    with _bar(total, "accuracy") as bar:
+        res = accuracy.run_accuracy(lengths=lengths, depths=depths, trials=args.trials, methods=methods,
+                                    base=_config(args), device=args.device, progress=bar,
+                                    perplexity=not args.no_perplexity)
+    path = accuracy.write_results(res, args.out, plots=not args.no_plots)
+    for c in res["cells"]:
+        print(f"{c['method']:>12} n={c['n']:>6} depth={c['depth']:.2f} acc={c['accuracy']:.3f} "
+              f"loglik={c['loglik']:.3f} kl={c['kl']:.5f}")
+    for p in res["perplexity"]:
+        print(f"{p['method']:>12} n={p['n']:>6} ppl={p['perplexity']:.4f}")
+    print(path)
+
+
+def cmd_e2e(args):
+    try:
+        from . import e2e
+    except ImportError as exc:
+        raise SystemExit(f"crisp-bench e2e: crisp_trt.bench.e2e is not available ({exc})")
+    return e2e.main(args.rest)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="crisp-bench", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    o = sub.add_parser("op", help="attention op: dense (cuDNN/FA2) vs CRISP, FlexPrefill-mode, ablations")
+    o.add_argument("--lengths", default="4k,8k,32k,128k", help="comma list, e.g. 4k,8k,128k,1M")
+    o.add_argument("--shapes", default="llama3_8b,smollm2", help="llama3_8b (32/8, d=128), smollm2 (9/3, d=64)")
+    o.add_argument("--methods", default="dense_cudnn,dense_fa2,crisp,flexprefill,crisp_gamma,crisp_jsd")
+    o.add_argument("--workloads", default="synthetic", help="synthetic and/or real (SmolLM2 Q/K/V, ≤ 8k)")
+    o.add_argument("--spec", help="JSON SyntheticSpec (e.g. from crisp_trt.workloads.fit)")
+    o.add_argument("--repeats", type=int, default=5)
+    o.add_argument("--recall-max-n", type=int, default=16384, help="longest n whose recall is measured")
+    o.set_defaults(fn=cmd_op)
+    a = sub.add_parser("accuracy", help="real-model induction retrieval, log-likelihood, KL, perplexity")
+    a.add_argument("--lengths", default="2k,4k,8k")
+    a.add_argument("--depths", default="0,0.25,0.5,0.75,1")
+    a.add_argument("--trials", type=int, default=30)
+    a.add_argument("--methods", default="dense,crisp,flexprefill")
+    a.add_argument("--no-perplexity", action="store_true")
+    a.set_defaults(fn=cmd_accuracy)
+    for s in (o, a):
+        s.add_argument("--device", default=None)
+        s.add_argument("--config", help="JSON CrispConfig (CrispConfig.to_dict()) as the base config")
+        s.add_argument("--out", default="bench/results")
+        s.add_argument("--no-plots", action="store_true")
+    e = sub.add_parser("e2e", help="end-to-end (crisp_trt.bench.e2e)")
+    e.add_argument("rest", nargs=argparse.REMAINDER)
+    e.set_defaults(fn=cmd_e2e)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

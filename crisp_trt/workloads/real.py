@@ -1,0 +1,78 @@
+"""Real Q/K/V (DESIGN.md §6 workload a): post-RoPE query/key/value of SmolLM2-135M on real English text.
+
+Text source: the Debian package `base-files` (present on every Debian/Ubuntu system, installs with
+apt) ships the full texts of the common free-software licences under /usr/share/common-licenses
+(GPL-1/2/3, LGPL, GFDL, MPL, Apache-2.0, Artistic, CC0: ~260 KB of real English prose, ~60k
+SmolLM2 tokens). `real_text()` concatenates them in a fixed order; `held_out_text()` is the
+disjoint tail used for perplexity. A longer book source (e.g. PyPI/Debian Project Gutenberg
+packages) can be plugged in through `real_text(paths=...)`.
+
+`capture_qkv(n, layers)` runs the model once with a temporary attention implementation that records
+what transformers passes to attention (after the RoPE rotation), then answers with SDPA.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+LICENSE_DIR = "/usr/share/common-licenses"
+ORDER = ("GPL-3", "GFDL-1.3", "LGPL-2.1", "MPL-2.0", "GPL-2", "Apache-2.0", "MPL-1.1", "LGPL-2", "GFDL-1.2",
+         "GPL-1", "CC0-1.0", "LGPL-3", "Artistic", "BSD")
+HELD_OUT = ("MPL-1.1", "LGPL-2", "GFDL-1.2", "GPL-1", "CC0-1.0", "LGPL-3", "Artistic", "BSD")
+
+
+def real_text(paths=None, held_out: bool = False) -> str:
+    """Real English text from Debian's base-files (licence texts); held_out=True gives the disjoint tail."""
+    if paths is None:
+        if not os.path.isdir(LICENSE_DIR):
+            raise FileNotFoundError(f"{LICENSE_DIR} missing: it comes from Debian's base-files package "
+                                    "(apt-get install base-files), or pass paths=[...] of text files")
+        names = [n for n in ORDER if (n in HELD_OUT) == held_out]
+        paths = [os.path.join(LICENSE_DIR, n) for n in names if os.path.isfile(os.path.join(LICENSE_DIR, n))]
+        if not paths:
+            paths = sorted(glob.glob(os.path.join(LICENSE_DIR, "*")))
+    return "\n\n".join(open(p, encoding="utf-8", errors="replace").read() for p in paths)
+
+
+def held_out_text() -> str:
+    return real_text(held_out=True)
+
+
+def text_ids(tok, n: int, held_out: bool = False) -> torch.Tensor:
+    """n token ids of real text (repeated if the source is shorter), shape [1, n]."""
+    ids = tok(real_text(held_out=held_out), return_tensors="pt").input_ids[0]
+    reps = -(-n // ids.numel())
+    return ids.repeat(reps)[:n][None]
+
+
+def capture_qkv(n: int, layers=None, model=None, tok=None, held_out: bool = False):
+    """{layer: (q, k, v)} with q [1, n, H, d], k/v [1, n, H_kv, d] (post-RoPE, float32, CPU)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from ..models import load_model, set_attn_implementation
+
+    if model is None:
+        model, tok = load_model(attn_implementation="sdpa")
+    wanted = set(range(model.config.num_hidden_layers)) if layers is None else set(layers)
+    grabbed = {}
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        idx = getattr(module, "layer_idx", len(grabbed))
+        if idx in wanted:
+            grabbed[idx] = tuple(t.detach().transpose(1, 2).float().cpu().contiguous() for t in (query, key, value))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("crisp_capture", capture)
+    AttentionMaskInterface.register("crisp_capture", sdpa_mask)
+    before = model.config._attn_implementation
+    set_attn_implementation(model, "crisp_capture")
+    try:
+        with torch.no_grad():
+            model(text_ids(tok, n, held_out).to(model.device))
+    finally:
+        set_attn_implementation(model, before)
+    return grabbed
