@@ -50,3 +50,20 @@ def test_attend_matches_reference(device, heads, kv_heads, d, dtype):
 
 def test_attend_varlen_and_dense(device):
     _run_attend(device, [200, 0, 450, 64], 4, 2, 64, torch.float16, dense_seq=(2,))
+
+
+@pytest.mark.parametrize("lens,window", [([330], 64), ([150, 40, 260], 32)])
+def test_estimate_matches_reference(device, lens, window):
+    from crisp_trt.kernels.estimate import estimate
+
+    cfg = CrispConfig(block_size=64, last_q=window)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    nb = max(reference.num_blocks(n, 64) for n in lens)
+    q, k, _ = (t[0].half() for t in synthetic_qkv(int(cu[-1]), 4, 2, 64, seed=2))
+    got = estimate(q.to(device), k.to(device), cu.to(device), nb, 64, window)
+    for s, n in enumerate(lens):
+        a, b = int(cu[s]), int(cu[s + 1])
+        want = reference.estimate(q[a:b].float(), k[a:b].float(), cfg)
+        m = reference.num_blocks(n, 64)
+        for g, w in zip(got, (want.vsum, want.vmax, want.ssum, want.smax)):
+            assert torch.allclose(g[s, :, :m].cpu(), w, atol=2e-3, rtol=2e-2)
