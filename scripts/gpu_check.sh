@@ -5,5 +5,5 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used --format=csv | tee "$OUT/gpu.txt"
-timeout 240 python3 -m pytest -q 2>&1 | tail -30 | tee "$OUT/pytest.txt"
-timeout 420 python3 scripts/speed_table.py "$@" 2>&1 | tee "$OUT/speed.txt"
+timeout 150 python3 -m pytest -q 2>&1 | tail -30 | tee "$OUT/pytest.txt"
+timeout 390 python3 scripts/speed_table.py "$@" 2>&1 | tee "$OUT/speed.txt"

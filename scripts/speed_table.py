@@ -1,7 +1,7 @@
 """Speed table on the GPU: CRISP op and the sparse attend kernel vs cuDNN / FA2 dense (same run).
 
 Llama-3-8B-like shape (32 q / 8 kv heads, d=128, bf16), synthetic workload. Per n: dense ms
-(cuDNN, FLASH), CRISP op ms (today: dense attend kernel, select not yet on GPU), attend over a
+(cuDNN, FLASH), CRISP op ms (today: dense attend kernel, select not yet on GPU), estimate ms, attend over a
 fixed vertical-slash list (sink + local + 14 column blocks) with its density and TFLOP/s over the
 computed blocks, output rel. error vs cuDNN; at 8k kernel vs the fp32 reference; a CUDA-graph
 capture of crisp_prefill_attention. Writes JSON to $OUT and bench/results/, prints a table last.
@@ -18,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from crisp_trt import CrispConfig, crisp_prefill_attention, reference
 from crisp_trt.kernels.attend import attend
+from crisp_trt.kernels.estimate import estimate
 from crisp_trt.workloads.synthetic import synthetic_qkv
 
 H, HKV, D, BLOCK = 32, 8, 128, 128
@@ -79,7 +80,7 @@ def row(n, dev):
     r["crisp_ms"] = bench(lambda: crisp_prefill_attention(q, k, v, config=cfg), reps)
     r["crisp_rel_err_vs_cudnn"] = rel(out, dense_out)
     r["crisp_density"] = 1.0
-    r["route_select_ms"] = 0.0
+    r["estimate_ms"] = bench(lambda: estimate(q, k, cu, -(-n // BLOCK), BLOCK, cfg.window), reps)
     idx, counts, dens, blocks = vs_lists(n, dev)
     flag = torch.zeros(1, dtype=torch.int32, device=dev)
     r["sparse_attend_ms"] = bench(lambda: attend(q, k, v, cu, idx, counts, flag, BLOCK), reps)
@@ -117,23 +118,23 @@ def main():
         res["graph"] = graph_capture(dev)
     except Exception as e:  # reported, not hidden
         res["graph"] = {"cuda_graph_capture": f"failed: {e!r}"}
+    name = f"speed_{time.strftime('%Y%m%dT%H%M%S')}.json"
     for n in lengths:
         t = time.time()
         res["rows"].append(row(n, dev))
         print(f"n={n} done in {time.time() - t:.0f}s", flush=True)
         torch.cuda.empty_cache()
-    name = f"speed_{time.strftime('%Y%m%dT%H%M%S')}.json"
-    for folder in (os.environ.get("OUT"), "bench/results"):
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, name), "w") as f:
-                json.dump(res, f, indent=1)
+        for folder in (os.environ.get("OUT"), "bench/results"):  # after every row: a timeout keeps the rest
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(folder, name), "w") as f:
+                    json.dump(res, f, indent=1)
     print(json.dumps(res["graph"]))
-    print(f"{'n':>7} {'cudnn':>9} {'fa2':>9} {'crisp':>9} {'sparse':>9} {'dens':>6} {'x':>6} {'TF/s':>6} {'relerr':>8}")
+    print(f"{'n':>7} {'cudnn':>9} {'fa2':>9} {'crisp':>9} {'sparse':>9} {'dens':>6} {'x':>6} {'TF/s':>6} {'relerr':>8} {'est':>7}")
     for r in res["rows"]:
         print(f"{r['n']:>7} {r['cudnn_ms']:9.2f} {r['flash_ms']:9.2f} {r['crisp_ms']:9.2f} {r['sparse_attend_ms']:9.2f} "
               f"{r['sparse_density']:6.3f} {r['sparse_speedup_vs_cudnn']:6.1f} {r['sparse_attend_tflops']:6.0f} "
-              f"{r['crisp_rel_err_vs_cudnn']:8.2e}")
+              f"{r['crisp_rel_err_vs_cudnn']:8.2e} {r['estimate_ms']:7.2f}")
 
 
 if __name__ == "__main__":
