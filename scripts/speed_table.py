@@ -59,7 +59,7 @@ def vs_lists(n, dev):
     masks[qb[1:], qb[1:] - 1] = True
     masks = masks.tril(-1)
     maxk = int(masks.sum(-1).max())
-    order = torch.sort((~masks).int(), -1, stable=True).indices[:, :maxk]
+    order = torch.sort((~masks).int(), dim=-1, stable=True).indices[:, :maxk]
     idx = torch.where(torch.gather(masks, -1, order), order, 0).int()
     counts = masks.sum(-1).int()
     blocks = float(masks.sum() + nb)
