@@ -5,7 +5,9 @@ then averaged over heads:
   sink_share   mass on the first `sink` keys;
   local_share  mass on keys within `local` tokens before the query (excluding the sink);
   top_share    mass on the top-`columns` other key positions (by mean column mass over the rows);
-  floor        median mass of a remaining key, times the row length (1.0 = exactly uniform noise).
+  floor        median / mean mass of the remaining keys (1.0 = exactly uniform noise; lower = a more
+               spread-out background), scale-free so it does not depend on the shares above;
+  floor_abs    median mass of a remaining key times the row length (the absolute noise level).
 `fit_spec(target)` searches the SyntheticSpec logits (sink_logit, local_logit, column_logit) by
 coordinate-wise bisection on a log scale so that the synthetic stats at the measurement length match
 the target shares; the background noise is set from the measured floor (a lower floor ↔ a wider
@@ -31,7 +33,7 @@ def attention_stats(q, k, *, rows: int = 64, sink: int = 4, local: int = 64, col
     kk = k.float().repeat_interleave(heads // k.shape[1], dim=1)
     rows = min(rows, n)
     qi = torch.arange(n - rows, n)
-    out = {"sink_share": 0.0, "local_share": 0.0, "top_share": 0.0, "floor": 0.0}
+    out = {"sink_share": 0.0, "local_share": 0.0, "top_share": 0.0, "floor": 0.0, "floor_abs": 0.0}
     j = torch.arange(n)
     for h in range(heads):
         logits = (q[n - rows:, h].float() @ kk[:, h].T) / math.sqrt(d)
@@ -48,7 +50,9 @@ def attention_stats(q, k, *, rows: int = 64, sink: int = 4, local: int = 64, col
         out["local_share"] += float((p * is_local).sum(1).mean())
         out["top_share"] += float((p * (rest & is_top[None])).sum(1).mean())
         remaining = p[rest & ~is_top[None]]
-        out["floor"] += float(remaining.median() * n) if remaining.numel() else 0.0
+        if remaining.numel():
+            out["floor"] += float(remaining.median() / remaining.mean().clamp_min(1e-30))
+            out["floor_abs"] += float(remaining.median() * n)
     return {key: val / heads for key, val in out.items()}
 
 
@@ -62,7 +66,7 @@ _KNOBS = (("sink_logit", "sink_share"), ("local_logit", "local_share"), ("column
 
 
 def fit_spec(target: dict, n: int = 1024, base: SyntheticSpec = SyntheticSpec(), iters: int = 8,
-             rounds: int = 2, head_dim: int = 64) -> tuple[SyntheticSpec, dict]:
+             rounds: int = 3, head_dim: int = 64) -> tuple[SyntheticSpec, dict]:
     """SyntheticSpec whose stats at length n match target's sink/local/top shares; returns (spec, stats)."""
     spec = base
     if target.get("floor"):
@@ -78,6 +82,17 @@ def fit_spec(target: dict, n: int = 1024, base: SyntheticSpec = SyntheticSpec(),
                 lo, hi = (mid, hi) if got < target[stat] else (lo, mid)
             spec = replace(spec, **{knob: 0.5 * (lo + hi)})
     return spec, synthetic_stats(spec, n, head_dim=head_dim)
+
+
+FITTED_PATH = __import__("os").path.join(__import__("os").path.dirname(__file__), "fitted_smollm2.json")
+
+
+def fitted_spec() -> SyntheticSpec:
+    """The SyntheticSpec fitted to SmolLM2 real-text statistics (crisp_trt/workloads/fitted_smollm2.json)."""
+    import json
+
+    with open(FITTED_PATH) as f:
+        return SyntheticSpec(**json.load(f)["spec"])
 
 
 def spec_to_dict(spec: SyntheticSpec) -> dict:
