@@ -1,0 +1,131 @@
+"""End-to-end latency of a crisp-build torch artifact: TTFT and prefill throughput vs prompt length,
+dense (SDPA) vs CRISP prefill, same process, same prompts; plus whether the greedy continuation of a
+planted-word retrieval prompt is identical to dense. JSON + PNG.
+
+    from crisp_trt.bench.e2e import run_e2e
+    run_e2e("artifact_dir", [2048, 4096, 8192], out_dir="bench/results")
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+_WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+          "kelp", "lantern", "marble", "nectar", "obsidian", "pepper", "quartz", "raven", "saffron", "tundra")
+_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
+
+
+def retrieval_prompt_ids(tokenizer, length: int, trial: int, depth: float = 0.5):
+    """Filler text of ~length tokens with 8 random words planted at `depth`; ends with their first 3.
+    Returns (input ids [1, n], the 5 expected next words)."""
+    rng = random.Random(1000 + trial)
+    words = [rng.choice(_WORDS) for _ in range(8)]
+    filler_ids = tokenizer(_FILLER * (length // 15 + 2)).input_ids
+    needle = tokenizer(" Remember: " + " ".join(words) + ". ").input_ids
+    tail = tokenizer(" Recall the words after 'Remember:' — " + " ".join(words[:3])).input_ids
+    body = length - len(needle) - len(tail)
+    cut = int(body * depth)
+    ids = filler_ids[:cut] + needle + filler_ids[cut:body] + tail
+    return torch.tensor([ids]), words[3:]
+
+
+def _time_prefill(model, ids, repeats):
+    times = []
+    for _ in range(repeats):
+        _, ttft, _ = model.generate_ids(ids, max_new_tokens=1)
+        times.append(ttft)
+    return statistics.median(times)
+
+
+def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "bench/results", repeats: int = 5,
+            warmup: int = 1, trials: int = 10, new_tokens: int = 6, device: str | None = None, plot: bool = True) -> dict:
+    """TTFT dense vs CRISP per length (median of `repeats` after `warmup`), prefill tokens/s, and text
+    identity to dense on `trials` retrieval prompts per length. Writes e2e.json (+ e2e.png)."""
+    from crisp_trt import runtime
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device == "cuda" else None
+    model = runtime.load(artifact_dir, device=device, dtype=dtype)
+    rows = []
+    for n in lengths:
+        ids, _ = retrieval_prompt_ids(model.tokenizer, n, 0)
+        ids = ids.to(model.device)
+        row = {"length": int(ids.shape[1])}
+        for att in ("dense", "crisp"):
+            model.set_attention(att)
+            for _ in range(warmup):
+                model.generate_ids(ids, 1)
+            row[f"ttft_{att}_ms"] = _time_prefill(model, ids, repeats) * 1000
+            row[f"prefill_tok_s_{att}"] = row["length"] / (row[f"ttft_{att}_ms"] / 1000)
+        row["speedup"] = row["ttft_dense_ms"] / row["ttft_crisp_ms"]
+        same, hits = 0, {"dense": 0, "crisp": 0}
+        for t in range(trials):
+            tids, expected = retrieval_prompt_ids(model.tokenizer, n, t, depth=(t + 0.5) / trials)
+            tids = tids.to(model.device)
+            outs = {}
+            for att in ("dense", "crisp"):
+                model.set_attention(att)
+                new, _, _ = model.generate_ids(tids, new_tokens)
+                outs[att] = model.tokenizer.decode(new, skip_special_tokens=True)
+                hits[att] += all(w in outs[att] for w in expected[:2])
+            same += outs["dense"] == outs["crisp"]
+        row.update({"identical_to_dense": same, "trials": trials, "retrieved_dense": hits["dense"],
+                    "retrieved_crisp": hits["crisp"]})
+        rows.append(row)
+    result = {"artifact": str(artifact_dir), "device": device,
+              "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "dtype": str(dtype or next(model.model.parameters()).dtype), "repeats": repeats,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "e2e.json").write_text(json.dumps(result, indent=2))
+    if plot:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            fig, ax = plt.subplots(figsize=(6, 4))
+            xs = [r["length"] for r in rows]
+            ax.plot(xs, [r["ttft_dense_ms"] for r in rows], "o-", label="dense (SDPA)")
+            ax.plot(xs, [r["ttft_crisp_ms"] for r in rows], "s-", label="CRISP prefill")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("prompt tokens")
+            ax.set_ylabel("TTFT (ms)")
+            ax.set_title(f"TTFT, {result['device_name']}")
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(out / "e2e.png", dpi=120)
+            plt.close(fig)
+        except ImportError:
+            pass
+    return result
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from crisp_trt.builder.cli import parse_length
+
+    p = argparse.ArgumentParser(prog="crisp-bench e2e", description=run_e2e.__doc__)
+    p.add_argument("artifact")
+    p.add_argument("--lengths", default="2k,4k,8k")
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--trials", type=int, default=10)
+    args = p.parse_args(argv)
+    res = run_e2e(args.artifact, [parse_length(x) for x in args.lengths.split(",")], args.out, args.repeats,
+                  trials=args.trials)
+    for r in res["rows"]:
+        print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
