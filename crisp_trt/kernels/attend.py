@@ -8,10 +8,13 @@ directly (K/V are never repeated); varlen via cu_seqlens (programs past a sequen
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -30,9 +33,23 @@ def _attend_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, causal_ok, qk_scale)
 
 
 @triton.jit
+def _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, n, k_ptr, v_ptr, hk, qk_scale,
+                  HK: tl.constexpr, MAXK: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
+    """The i-th off-diagonal key block of this row (from the list, or kb = i when dense)."""
+    kb = tl.load(idx_ptr + row.to(tl.int64) * MAXK + i * listed) * listed + i * dense
+    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    k_pos = kb * BLOCK + rows
+    kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
+    all_ok = tl.full([BLOCK, BLOCK], 1, tl.int1)
+    return _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
+                         v_ptr + kv_off[:, None] + cols[None, :], k_pos < n, all_ok, qk_scale)
+
+
+@triton.jit
 def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale,
                   H: tl.constexpr, G: tl.constexpr, NQB: tl.constexpr, MAXK: tl.constexpr,
-                  BLOCK: tl.constexpr, D: tl.constexpr):
+                  BLOCK: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
     qb = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -56,15 +73,16 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_pt
     listed = 1 - dense
     row = (s * H + h) * NQB + qb
     count = tl.load(cnt_ptr + row) * listed + qb * dense
-    all_ok = tl.full([BLOCK, BLOCK], 1, tl.int1)
-    i = 0
-    while i < count:  # a while loop: the interpreter cannot range() over a loaded bound
-        kb = tl.load(idx_ptr + row.to(tl.int64) * MAXK + i * listed) * listed + i * dense
-        k_pos = kb * BLOCK + rows
-        kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
-                                      v_ptr + kv_off[:, None] + cols[None, :], k_pos < n, all_ok, qk_scale)
-        i += 1
+    if INTERPRET:  # the interpreter cannot range() over a bound loaded from memory
+        i = 0
+        while i < count:
+            acc, m_i, l_i = _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, n, k_ptr, v_ptr,
+                                          hk, qk_scale, HK, MAXK, BLOCK, D)
+            i += 1
+    else:  # tl.range: software-pipelined K/V loads on the GPU
+        for i in tl.range(0, count):
+            acc, m_i, l_i = _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, n, k_ptr, v_ptr,
+                                          hk, qk_scale, HK, MAXK, BLOCK, D)
     k_pos = qb * BLOCK + rows
     kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
     causal = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < n)
@@ -83,6 +101,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     out = torch.empty_like(q) if out is None else out
     warps = 4 if block * d <= 64 * 128 else 8
     attend_kernel[(nqb, heads, seqs)](q, k, v, out, cu_seqlens, idx, counts, dense, 1.0 / math.sqrt(d),
-                                      H=heads, G=heads // k.shape[1], NQB=nqb, MAXK=maxk, BLOCK=block, D=d,
+                                      H=heads, G=heads // k.shape[1], NQB=nqb, MAXK=maxk, BLOCK=block, D=d, INTERPRET=INTERPRET,
                                       num_warps=warps, num_stages=2)
     return out
