@@ -67,3 +67,21 @@ def test_estimate_matches_reference(device, lens, window):
         m = reference.num_blocks(n, 64)
         for g, w in zip(got, (want.vsum, want.vmax, want.ssum, want.smax)):
             assert torch.allclose(g[s, :, :m].cpu(), w, atol=2e-3, rtol=2e-2)
+
+
+def test_crisp_cuda_dense_and_poison(device):
+    from crisp_trt.kernels.pipeline import crisp_cuda
+
+    q, k, v = (t[0].half().to(device) for t in synthetic_qkv(300, 4, 2, 64, seed=3))
+    cu = torch.tensor([0, 120, 300], dtype=torch.int32, device=device)
+    cfg = CrispConfig(block_size=64)
+    out, route, c_struct, dens = crisp_cuda(q, k, v, cu, 180, cfg)
+    for a, b in ((0, 120), (120, 300)):
+        want = reference.dense_attention(q[a:b].cpu(), k[a:b].cpu(), v[a:b].cpu())
+        assert _rel(out[a:b].cpu(), want) < 1e-2
+    assert route.shape == (2, 4) and bool((dens == 1).all())
+    k[7, 1, 3] = float("nan")
+    assert torch.isnan(crisp_cuda(q, k, v, cu, 180, cfg)[0]).all()
+    k[7, 1, 3] = 0.0
+    bad = torch.tensor([0, 200, 120], dtype=torch.int32, device=device)
+    assert torch.isnan(crisp_cuda(q, k, v, bad, 200, cfg)[0]).all()
