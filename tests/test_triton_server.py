@@ -25,6 +25,13 @@ def _pytriton_server():
     stub = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"
     if not binary.exists() or not stub.exists():
         pytest.skip(f"no tritonserver / python stub for this Python in {root}")
+    libs = [str(root.parent.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(libs + [os.environ.get("LD_LIBRARY_PATH", "")]))
+    ldd = subprocess.run(["ldd", str(stub)], capture_output=True, text=True, env=env).stdout
+    missing = [line.split()[0] for line in ldd.splitlines() if "not found" in line]
+    if missing:
+        pytest.skip(f"the python backend stub needs {missing} (a shared libpython{sys.version_info.major}."
+                    f"{sys.version_info.minor}: apt-get install libpython{sys.version_info.major}.{sys.version_info.minor})")
     return root, binary, stub
 
 
