@@ -48,7 +48,8 @@ def cmd_op(args):
 
         with open(args.spec) as f:
             spec = SyntheticSpec(**json.load(f))
-    with _bar(len(lengths) * len(shapes) * len(methods) * len(workloads), "op") as bar:
+    per_workload = sum(3 if w == "real" else 1 for w in workloads)  # real: 3 captured layers
+    with _bar(len(lengths) * len(shapes) * len(methods) * per_workload, "op") as bar:
         rows = op.run_op(lengths=lengths, shapes=shapes, methods=methods, workloads=workloads, repeats=args.repeats,
                          device=device, base=_config(args), spec=spec, progress=bar, recall_max_n=args.recall_max_n)
     path = op.write_results(rows, args.out, plots=not args.no_plots)
