@@ -14,9 +14,9 @@ import sys
 import time
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from crisp_trt import CrispConfig, crisp_prefill_attention, reference
+from crisp_trt.bench.op import dense_fn, median_ms
 from crisp_trt.kernels.attend import attend
 from crisp_trt.kernels.estimate import estimate
 from crisp_trt.workloads.synthetic import synthetic_qkv
@@ -24,28 +24,8 @@ from crisp_trt.workloads.synthetic import synthetic_qkv
 H, HKV, D, BLOCK = 32, 8, 128, 128
 
 
-def bench(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
-
-
 def rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
-
-
-def sdpa(q, k, v, backend):
-    qt, kt, vt = (t.transpose(0, 1)[None] for t in (q, k, v))
-    with sdpa_kernel(backend):
-        return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
 
 
 def vs_lists(n, dev):
@@ -73,17 +53,17 @@ def row(n, dev):
     cfg = CrispConfig(block_size=BLOCK)
     cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
     r = {"n": n}
-    r["cudnn_ms"] = bench(lambda: sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION), reps)
-    r["flash_ms"] = bench(lambda: sdpa(q, k, v, SDPBackend.FLASH_ATTENTION), reps)
-    dense_out = sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION)
+    r["cudnn_ms"] = median_ms(dense_fn("dense_cudnn", q, k, v), reps, dev)
+    r["flash_ms"] = median_ms(dense_fn("dense_fa2", q, k, v), reps, dev)
+    dense_out = dense_fn("dense_cudnn", q, k, v)()
     out = crisp_prefill_attention(q, k, v, config=cfg)
-    r["crisp_ms"] = bench(lambda: crisp_prefill_attention(q, k, v, config=cfg), reps)
+    r["crisp_ms"] = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), reps, dev)
     r["crisp_rel_err_vs_cudnn"] = rel(out, dense_out)
     r["crisp_density"] = 1.0
-    r["estimate_ms"] = bench(lambda: estimate(q, k, cu, -(-n // BLOCK), BLOCK, cfg.window), reps)
+    r["estimate_ms"] = median_ms(lambda: estimate(q, k, cu, -(-n // BLOCK), BLOCK, cfg.window), reps, dev)
     idx, counts, dens, blocks = vs_lists(n, dev)
     flag = torch.zeros(1, dtype=torch.int32, device=dev)
-    r["sparse_attend_ms"] = bench(lambda: attend(q, k, v, cu, idx, counts, flag, BLOCK), reps)
+    r["sparse_attend_ms"] = median_ms(lambda: attend(q, k, v, cu, idx, counts, flag, BLOCK), reps, dev)
     r["sparse_density"] = dens
     r["sparse_attend_tflops"] = 4 * blocks * BLOCK * BLOCK * D * H / (r["sparse_attend_ms"] * 1e-3) / 1e12
     causal_flops = 4 * (n * (n + 1) / 2) * D * H

@@ -36,7 +36,8 @@ def gpu_name(device) -> str:
     return torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
 
 
-def _time(fn, repeats: int, device) -> float:
+def median_ms(fn, repeats: int, device) -> float:
+    """Median wall time of fn in ms after one warm-up: CUDA events on the GPU, perf_counter on the CPU."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -46,7 +47,7 @@ def _time(fn, repeats: int, device) -> float:
             fn()
             b.record()
             torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
+            times.append(a.elapsedmedian_ms(b))
         else:
             t = time.perf_counter()
             fn()
@@ -54,18 +55,17 @@ def _time(fn, repeats: int, device) -> float:
     return statistics.median(times)
 
 
-def _dense_fn(method, q, k, v):
+def dense_fn(method, q, k, v):
+    """A closure running dense attention: the reference on the CPU, SDPA with the method's backend on CUDA."""
     if not q.is_cuda:
         return lambda: dense_prefill_attention(q, k, v)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = SDPBackend.CUDNN_ATTENTION if method == "dense_cudnn" else SDPBackend.FLASH_ATTENTION
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    gqa = q.shape[2] != k.shape[2]
 
     def run():
         with sdpa_kernel(backend):
-            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+            return dense_prefill_attention(q, k, v)
     return run
 
 
@@ -113,16 +113,16 @@ def run_op(lengths=(512, 1024), shapes=("smollm2",), methods=METHODS, workloads=
             for method in methods:
                 if method in DENSE:
                     if not q.is_cuda and method == "dense_fa2":
-                        ms = cudnn_ms if cudnn_ms is not None else _time(_dense_fn(method, q, k, v), repeats, device)
+                        ms = cudnn_ms if cudnn_ms is not None else median_ms(dense_fn(method, q, k, v), repeats, device)
                     else:
-                        ms = _time(_dense_fn(method, q, k, v), repeats, device)
+                        ms = median_ms(dense_fn(method, q, k, v), repeats, device)
                     if method == "dense_cudnn":
                         cudnn_ms = ms
                     row = dict(n=n, method=method, workload=wname, ms=ms, density=1.0, routing_ms=0.0,
                                routing_share=0.0, rel_error=0.0, recall=1.0, gpu=gpu)
                 else:
                     cfg = method_config(method, base)
-                    ms = _time(lambda: crisp_prefill_attention(q, k, v, config=cfg), repeats, device)
+                    ms = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), repeats, device)
                     out, st = crisp_prefill_attention(q, k, v, config=cfg, return_stats=True)
                     rel = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
                     routing_ms = _routing_ms(q, k, cfg, repeats, device)
@@ -162,11 +162,11 @@ def _routing_ms(q, k, cfg, repeats, device):
             from ..kernels.pipeline import routing_only  # provided by the kernel engineer, if at all
         except ImportError:
             return None
-        return _time(lambda: routing_only(q, k, cfg), repeats, device)
+        return median_ms(lambda: routing_only(q, k, cfg), repeats, device)
     qc, kc = q[0], k[0]
     if qc.shape[0] < max(cfg.dense_below, 1):
         return 0.0
-    return _time(lambda: reference_masks(qc, kc, cfg), max(1, repeats // 2), device)
+    return median_ms(lambda: reference_masks(qc, kc, cfg), max(1, repeats // 2), device)
 
 
 def write_results(rows, out_dir="bench/results", plots=True) -> str:
