@@ -47,7 +47,7 @@ def median_ms(fn, repeats: int, device) -> float:
             fn()
             b.record()
             torch.cuda.synchronize()
-            times.append(a.elapsedmedian_ms(b))
+            times.append(a.elapsed_time(b))
         else:
             t = time.perf_counter()
             fn()
