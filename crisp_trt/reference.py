@@ -118,7 +118,9 @@ def _keep(score: torch.Tensor, mass: torch.Tensor, width: torch.Tensor, always_m
         return torch.zeros(0, dtype=torch.bool, device=score.device)
     if cfg.budget == "floor":
         means = mass / width if sampled is None else sampled
-        floor = kth_smallest(means, int(math.floor(cfg.floor_quantile * (means.numel() - 1))))
+        # the quantile's rank in f32, exactly as the kernels compute it
+        rank = int(torch.tensor(cfg.floor_quantile, dtype=torch.float32) * (means.numel() - 1))
+        floor = kth_smallest(means, rank)
         keep = score > cfg.kappa * floor
         rank_score = score
     else:

@@ -1,19 +1,32 @@
 """estimate: per block vertical and slash mass of the last-query proxy map, never materialising L×n.
 
-One program per (head, sequence), over the window of L = cfg.window last queries:
-pass 1 gets each row's max and sum of exp over all (causal) keys; pass 2 recomputes each key block's
-[L, B] probabilities and reduces the column means to vsum/vmax; the slash pass computes, per offset
-block ob, the [L, 2B] probability tile of keys j0 .. j0+2B (j0 = n-rows-ob·B-B+1) and extracts the
-B diagonals o = ob·B + t with tl.gather (column i - t + B - 1 of row i), reduced to ssum/smax.
-Semantics: reference.estimate (padding of the last block counts as zero mass).
+The window's L = cfg.window last queries against every key, split over chunks of CH key blocks so
+long sequences fill the GPU (grid (NCH, H, S)):
+  estimate_partial_kernel  per chunk, each row's max and sum of exp (log2 domain)      → part_m, part_l
+  estimate_mass_kernel     merges the chunks' (max, sum), recomputes each [L, B] probability tile once:
+                           column sums → vsum/vmax of that key block; the tile's 2B−1 diagonals
+                           (tl.gather) → atomic adds into the per-offset slash mass s[o]
+  slash_reduce_kernel      s[o] → ssum/smax per offset block
+Semantics: reference.estimate (the last block's padding counts as zero mass). Sequences shorter than
+dense_below are skipped (route marks them dense).
 """
 from __future__ import annotations
 
-import math
-
-import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _window(q_ptr, start, n, h, sm_scale, H: tl.constexpr, L: tl.constexpr, D: tl.constexpr):
+    """The window's queries (scaled to the log2 domain), their positions and validity."""
+    rows = tl.minimum(n, L)
+    i = tl.arange(0, L)
+    row_ok = i < rows
+    r_pos = n - rows + i
+    cols = tl.arange(0, D)
+    q = tl.load(q_ptr + ((start + r_pos).to(tl.int64) * H + h)[:, None] * D + cols[None, :],
+                mask=row_ok[:, None], other=0.0)
+    return q, r_pos, row_ok, rows
 
 
 @triton.jit
@@ -23,69 +36,104 @@ def _logits(q, k_ptr, start, n, k_pos, r_pos, row_ok, hk, qk_scale, HK: tl.const
     key_ok = (k_pos >= 0) & (k_pos < n)
     off = ((start + k_pos).to(tl.int64) * HK + hk) * D
     k = tl.load(k_ptr + off[:, None] + cols[None, :], mask=key_ok[:, None], other=0.0)
-    s = tl.dot(q, tl.trans(k)) * qk_scale
+    x = tl.dot(q, tl.trans(k)) * qk_scale
     ok = row_ok[:, None] & key_ok[None, :] & (k_pos[None, :] <= r_pos[:, None])
-    return tl.where(ok, s, float("-inf")), ok
+    return tl.where(ok, x, float("-inf"))
 
 
 @triton.jit
-def estimate_kernel(q_ptr, k_ptr, cu_ptr, vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, sm_scale,
-                    H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, L: tl.constexpr,
-                    BLOCK: tl.constexpr, D: tl.constexpr):
-    h = tl.program_id(0)
-    s = tl.program_id(1)
+def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_scale, chunk, dense_below,
+                            H: tl.constexpr, G: tl.constexpr, NCH: tl.constexpr, L: tl.constexpr,
+                            BLOCK: tl.constexpr, D: tl.constexpr):
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
     start = tl.load(cu_ptr + s)
     n = tl.load(cu_ptr + s + 1) - start
-    HK: tl.constexpr = H // G
-    hk = h // G
-    rows = tl.minimum(n, L)
-    i = tl.arange(0, L)
-    row_ok = i < rows
-    r_pos = n - rows + i
-    cols = tl.arange(0, D)
-    q_off = ((start + r_pos).to(tl.int64) * H + h) * D
-    q = tl.load(q_ptr + q_off[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0)
-    qk_scale = sm_scale * 1.4426950408889634
     nb = (n + BLOCK - 1) // BLOCK
+    if (n < dense_below) | (c * chunk >= nb):
+        return
+    q, r_pos, row_ok, rows = _window(q_ptr, start, n, h, sm_scale, H, L, D)
+    qk_scale = sm_scale * 1.4426950408889634
     m = tl.full([L], float("-inf"), tl.float32)
     l = tl.zeros([L], tl.float32)
-    kb = 0
-    while kb < nb:  # pass 1: row max and sum
-        x, ok = _logits(q, k_ptr, start, n, kb * BLOCK + tl.arange(0, BLOCK), r_pos, row_ok, hk, qk_scale, HK, D)
+    kb = c * chunk
+    end = tl.minimum(nb, kb + chunk)
+    while kb < end:
+        x = _logits(q, k_ptr, start, n, kb * BLOCK + tl.arange(0, BLOCK), r_pos, row_ok, h // G, qk_scale, H // G, D)
         m_new = tl.maximum(m, tl.max(x, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l = l * tl.exp2(tl.where(m == float("-inf"), float("-inf"), m - m_safe)) + tl.sum(tl.exp2(x - m_safe[:, None]), 1)
+        l = l * tl.exp2(m - m_safe) + tl.sum(tl.exp2(x - m_safe[:, None]), 1)
         m = m_new
         kb += 1
+    out = ((s * H + h) * NCH + c).to(tl.int64) * L + tl.arange(0, L)
+    tl.store(part_m_ptr + out, m)
+    tl.store(part_l_ptr + out, l)
+
+
+@triton.jit
+def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr, vmax_ptr, s_ptr, sm_scale, chunk,
+                         dense_below, H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
+                         L: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    start = tl.load(cu_ptr + s)
+    n = tl.load(cu_ptr + s + 1) - start
+    nb = (n + BLOCK - 1) // BLOCK
+    if (n < dense_below) | (c * chunk >= nb):
+        return
+    q, r_pos, row_ok, rows = _window(q_ptr, start, n, h, sm_scale, H, L, D)
+    qk_scale = sm_scale * 1.4426950408889634
+    head = s * H + h
+    m = tl.full([L], float("-inf"), tl.float32)
+    l = tl.zeros([L], tl.float32)
+    j = 0
+    while j < (nb + chunk - 1) // chunk:  # merge the chunks' row statistics
+        part = (head * NCH + j).to(tl.int64) * L + tl.arange(0, L)
+        mj = tl.load(part_m_ptr + part)
+        lj = tl.load(part_l_ptr + part)
+        m_new = tl.maximum(m, mj)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l = l * tl.exp2(m - m_safe) + lj * tl.exp2(mj - m_safe)
+        m = m_new
+        j += 1
     m = tl.where(m == float("-inf"), 0.0, m)
     inv = tl.where(row_ok, 1.0 / tl.where(l > 0, l, 1.0), 0.0) / rows.to(tl.float32)
-    out = (s * H + h) * NB
-    kb = 0
-    while kb < nb:  # pass 2: vertical mass per key block
-        x, ok = _logits(q, k_ptr, start, n, kb * BLOCK + tl.arange(0, BLOCK), r_pos, row_ok, hk, qk_scale, HK, D)
-        col = tl.sum(tl.exp2(x - m[:, None]) * inv[:, None], 0)
+    i = tl.arange(0, L)
+    e = tl.arange(0, 2 * BLOCK)
+    t = i[:, None] - e[None, :] + BLOCK - 1  # row i's column holding diagonal e of the tile
+    on_tile = (t >= 0) & (t < BLOCK)
+    t = tl.minimum(tl.maximum(t, 0), BLOCK - 1)
+    out = head.to(tl.int64) * NB
+    s_base = head.to(tl.int64) * NB * BLOCK
+    kb = c * chunk
+    end = tl.minimum(nb, kb + chunk)
+    while kb < end:
+        x = _logits(q, k_ptr, start, n, kb * BLOCK + tl.arange(0, BLOCK), r_pos, row_ok, h // G, qk_scale, H // G, D)
+        p = tl.exp2(x - m[:, None]) * inv[:, None]
+        col = tl.sum(p, 0)
         tl.store(vsum_ptr + out + kb, tl.sum(col, 0))
         tl.store(vmax_ptr + out + kb, tl.max(col, 0))
+        diag = tl.sum(tl.where(on_tile, tl.gather(p, t, 1), 0.0), 0)
+        o = n - rows - kb * BLOCK - BLOCK + 1 + e  # offset (query pos − key pos) of diagonal e
+        tl.atomic_add(s_ptr + s_base + o, diag, mask=(o >= 0) & (o < n) & (diag != 0.0), sem="relaxed")
         kb += 1
-    t = tl.arange(0, BLOCK)
-    diag = i[:, None] - t[None, :] + BLOCK - 1  # [L, B] column of offset t in row i's 2B tile
-    ob = 0
-    while ob < nb:  # slash mass per offset block
-        j0 = n - rows - ob * BLOCK - BLOCK + 1
-        x, ok = _logits(q, k_ptr, start, n, j0 + tl.arange(0, 2 * BLOCK), r_pos, row_ok, hk, qk_scale, HK, D)
-        p = tl.exp2(x - m[:, None]) * inv[:, None]
-        per_offset = tl.sum(tl.gather(p, diag, 1), 0)
-        tl.store(ssum_ptr + out + ob, tl.sum(per_offset, 0))
-        tl.store(smax_ptr + out + ob, tl.max(per_offset, 0))
-        ob += 1
 
 
-def estimate(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, nb: int, block: int, window: int):
-    """Launch estimate: (vsum, vmax, ssum, smax), each f32 [S, H, nb], zero past a sequence's blocks.
-    Grid (H, S)."""
-    heads, d = q.shape[1], q.shape[2]
-    seqs = cu_seqlens.shape[0] - 1
-    bufs = [torch.zeros(seqs, heads, nb, dtype=torch.float32, device=q.device) for _ in range(4)]
-    estimate_kernel[(heads, seqs)](q, k, cu_seqlens, *bufs, 1.0 / math.sqrt(d), H=heads, G=heads // k.shape[1],
-                                   NB=nb, L=window, BLOCK=block, D=d, num_warps=4)
-    return tuple(bufs)
+@triton.jit
+def slash_reduce_kernel(s_ptr, cu_ptr, ssum_ptr, smax_ptr, dense_below, H: tl.constexpr, NB: tl.constexpr,
+                        RB: tl.constexpr, BLOCK: tl.constexpr):
+    g = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    n = tl.load(cu_ptr + s + 1) - tl.load(cu_ptr + s)
+    nb = (n + BLOCK - 1) // BLOCK
+    if (n < dense_below) | (g * RB >= nb):
+        return
+    ob = g * RB + tl.arange(0, RB)
+    head = (s * H + h).to(tl.int64)
+    x = tl.load(s_ptr + head * NB * BLOCK + ob[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :],
+                mask=(ob < nb)[:, None], other=0.0)
+    tl.store(ssum_ptr + head * NB + ob, tl.sum(x, 1), mask=ob < nb)
+    tl.store(smax_ptr + head * NB + ob, tl.max(x, 1), mask=ob < nb)

@@ -1,15 +1,138 @@
-"""crisp_cuda: the CUDA path of `crisp::prefill_attention` (estimate → route/select → attend).
+"""crisp_cuda: the CUDA path of `crisp::prefill_attention` — estimate → route → select → attend.
 
-Status: attend (Triton) is in place; the estimate/select kernels are not yet, so every sequence is
-attended densely (route 0, C_struct 1, density 1) — exact, and free of host synchronisation:
-the input poison (non-finite q/k/v or malformed cu_seqlens → NaN output) is a device-side where.
+Every stage is a Triton kernel over fixed-size buffers sized from max_seqlen (NB = ceil(max/B)
+blocks), with per-sequence bounds read on the device from cu_seqlens: no `.item()`, no `nonzero()`,
+no host synchronisation, so the op runs under CUDA-graph capture. Launch order (the plugin repeats
+it): zero s_mass → estimate_partial → estimate_mass → slash_reduce → pool → route → select → attend.
+The input poison (non-finite q/k/v or malformed cu_seqlens → NaN output) is a device-side where.
 """
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 
 from ..config import CrispConfig
 from .attend import attend
+from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
+from .pool import pool_kernel
+from .route import route_kernel
+from .select import select_kernel
+
+QG = 16  # query blocks per select program (tl.dot needs 16 rows)
+SELECT_CHUNK = 64  # key blocks per select tile
+SLASH_ROWS = 16  # offset blocks per slash_reduce program
+
+
+@dataclass
+class Plan:
+    """What attend consumes, plus the per-head decisions (all device tensors).
+
+    idx [S, H, NB, MAXK] int32 off-diagonal key blocks per query block (unordered, no repeats),
+    counts [S, H, NB] int32, dense [S] int32 (1: every causal block; idx unused), route [S, H] int32
+    (0 dense, 1 vertical-slash, 2 block-sparse), c_struct [S, H] f32, density [S, H] f32 (fraction of
+    causal blocks attended); columns / distances [S, H, NB] int8: the vertical-slash keep maps.
+    """
+
+    idx: torch.Tensor
+    counts: torch.Tensor
+    dense: torch.Tensor
+    route: torch.Tensor
+    c_struct: torch.Tensor
+    density: torch.Tensor
+    columns: torch.Tensor
+    distances: torch.Tensor
+
+
+def _pow2(x: int) -> int:
+    return max(16, 1 << (max(x, 1) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Static buffer sizes of one launch (what the plugin's workspace layout also needs)."""
+
+    nb: int
+    chunk: int
+    nch: int
+    maxc: int
+    maxd: int
+    maxk: int
+
+    @classmethod
+    def of(cls, max_seqlen: int, cfg: CrispConfig) -> "Sizes":
+        nb = -(-max_seqlen // cfg.block_size)
+        chunk = max(4, -(-nb // 64))  # ≤ 64 chunks: each estimate_mass program merges them all
+        maxc = min(nb, cfg.sink_blocks + cfg.max_blocks)
+        maxd = min(nb, 2 * (cfg.local_blocks + cfg.max_blocks))
+        return cls(nb, chunk, -(-nb // chunk), max(maxc, 1), max(maxd, 1), cfg.max_list(nb))
+
+
+def plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, cfg: CrispConfig) -> Plan:
+    """estimate → route → select for packed q [total, H, d], k [total, H_kv, d] (cu_seqlens int32 [S + 1])."""
+    seqs, (heads, d), kv_heads = cu_seqlens.shape[0] - 1, q.shape[1:], k.shape[1]
+    block, window, groups = cfg.block_size, cfg.window, heads // kv_heads
+    z = Sizes.of(max_seqlen, cfg)
+    dev, f32, i32 = q.device, torch.float32, torch.int32
+    scale, dense_below = 1.0 / math.sqrt(d), max(cfg.dense_below, 1)
+    floor, jsd = cfg.budget == "floor", cfg.routing == "jsd"
+
+    part_m = torch.empty(seqs, heads, z.nch, window, dtype=f32, device=dev)
+    part_l = torch.empty_like(part_m)
+    vsum, vmax, ssum, smax = (torch.empty(seqs, heads, z.nb, dtype=f32, device=dev) for _ in range(4))
+    s_mass = torch.zeros(seqs, heads, z.nb * block, dtype=f32, device=dev)
+    warps = 4 if block * d <= 64 * 128 else 8
+    shape = dict(H=heads, G=groups, L=window, BLOCK=block, D=d)
+    estimate_partial_kernel[(z.nch, heads, seqs)](q, k, cu_seqlens, part_m, part_l, scale, z.chunk, dense_below,
+                                                   NCH=z.nch, **shape, num_warps=warps)
+    estimate_mass_kernel[(z.nch, heads, seqs)](q, k, cu_seqlens, part_m, part_l, vsum, vmax, s_mass, scale, z.chunk,
+                                                dense_below, NB=z.nb, NCH=z.nch, **shape, num_warps=warps)
+    slash_reduce_kernel[(-(-z.nb // SLASH_ROWS), heads, seqs)](s_mass, cu_seqlens, ssum, smax, dense_below, H=heads,
+                                                               NB=z.nb, RB=SLASH_ROWS, BLOCK=block)
+    pooled_q = torch.empty(seqs, z.nb, heads, d, dtype=f32, device=dev)
+    pooled_k = torch.empty(seqs, z.nb, kv_heads, d, dtype=f32, device=dev)
+    pool_kernel[(z.nb, heads + kv_heads, seqs)](q, k, cu_seqlens, pooled_q, pooled_k, dense_below, H=heads,
+                                                HK=kv_heads, NB=z.nb, BLOCK=block, D=d)
+
+    columns, offsets, distances = (torch.zeros(seqs, heads, z.nb, dtype=torch.int8, device=dev) for _ in range(3))
+    cols = torch.empty(seqs, heads, z.maxc, dtype=i32, device=dev)
+    dists = torch.empty(seqs, heads, z.maxd, dtype=i32, device=dev)
+    ncols, ndists, route = (torch.empty(seqs, heads, dtype=i32, device=dev) for _ in range(3))
+    c_struct = torch.empty(seqs, heads, dtype=f32, device=dev)
+    dense = torch.empty(seqs, dtype=i32, device=dev)
+    knobs = (cfg.kappa, cfg.floor_quantile, cfg.gamma)
+    route_kernel[(heads, seqs)](vsum, vmax, ssum, smax, cu_seqlens, q, pooled_k, columns, offsets, distances, cols,
+                                ncols, dists, ndists, c_struct, route, dense, scale, *knobs, cfg.tau, cfg.min_blocks,
+                                cfg.max_blocks, dense_below, H=heads, G=groups, NB=z.nb, L=window, B=block, D=d,
+                                SINK=cfg.sink_blocks, LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, FLOOR=floor,
+                                MIN_TOP=cfg.min_blocks > 0, JSD=jsd, C=min(1024, _pow2(z.nb)), num_warps=4)
+
+    idx = torch.empty(seqs, heads, z.nb, z.maxk, dtype=i32, device=dev)
+    counts = torch.zeros(seqs, heads, z.nb, dtype=i32, device=dev)
+    scratch = torch.empty(seqs * heads * z.nb * z.nb, dtype=f32, device=dev)
+    select_kernel[(-(-z.nb // QG), heads, seqs)](
+        cu_seqlens, route, columns, cols, ncols, dists, ndists, pooled_q, pooled_k, scratch, idx, counts, scale, *knobs,
+        cfg.min_blocks, cfg.max_blocks, H=heads, G=groups, NB=z.nb, MAXK=z.maxk, D=d, BLOCK=block,
+        SINK=cfg.sink_blocks, LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, MAXCP=_pow2(z.maxc),
+        MAXDP=_pow2(z.maxd), FLOOR=floor, MIN_TOP=(not floor) and cfg.min_blocks > 0, SAMPLES=cfg.floor_samples,
+        QG=QG, C=SELECT_CHUNK, num_warps=4)
+    return Plan(idx, counts, dense, route, c_struct, _density(counts, dense, cu_seqlens, block), columns, distances)
+
+
+def _density(counts, dense, cu_seqlens, block):
+    """Fraction of causal blocks attended per (seq, head): (Σ listed + diagonals) / (nb (nb + 1) / 2)."""
+    nb = ((cu_seqlens[1:] - cu_seqlens[:-1] + block - 1) // block).float()[:, None]
+    causal = (nb * (nb + 1) / 2).clamp_min(1)
+    sparse = (counts.sum(-1).float() + nb) / causal
+    return torch.where(dense[:, None].bool(), (nb > 0).float(), sparse)
+
+
+def routing_only(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> Plan:
+    """plan() for one sequence given as [1, n, H, d] or [n, H, d] (bench: routing+select time)."""
+    q, k = (t.reshape(-1, *t.shape[-2:]) for t in (q, k))
+    cu = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+    return plan(q.contiguous(), k.contiguous(), cu, q.shape[0], cfg)
 
 
 def lists_from_masks(masks: list[torch.Tensor], nqb: int, maxk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,6 +151,18 @@ def lists_from_masks(masks: list[torch.Tensor], nqb: int, maxk: int) -> tuple[to
     return idx, counts
 
 
+def masks_from_plan(p: Plan, s: int, nb: int) -> torch.Tensor:
+    """The attended block mask bool [H, nb, nb] of sequence s (diagonal included), for tests and recall."""
+    heads = p.counts.shape[1]
+    if int(p.dense[s]):
+        return torch.ones(nb, nb, dtype=torch.bool).tril().expand(heads, nb, nb).clone()
+    idx, counts = p.idx[s, :, :nb].cpu().long(), p.counts[s, :, :nb].cpu()
+    valid = torch.arange(idx.shape[-1])[None, None, :] < counts[..., None]
+    masks = torch.zeros(heads, nb, nb + 1, dtype=torch.bool)
+    masks.scatter_(-1, torch.where(valid, idx, nb), True)
+    return masks[..., :nb] | torch.eye(nb, dtype=torch.bool)
+
+
 def input_poison(q, k, v, cu_seqlens) -> torch.Tensor:
     """Device bool scalar: True iff any q/k/v entry is non-finite or cu_seqlens is malformed."""
     bad = ~(torch.isfinite(q).all() & torch.isfinite(k).all() & torch.isfinite(v).all())
@@ -38,13 +173,7 @@ def input_poison(q, k, v, cu_seqlens) -> torch.Tensor:
 
 def crisp_cuda(q, k, v, cu_seqlens, max_seqlen: int, cfg: CrispConfig):
     """(out [total, H, d], route int32 [S, H], c_struct f32 [S, H], density f32 [S, H])."""
-    seqs, heads, block = cu_seqlens.shape[0] - 1, q.shape[1], cfg.block_size
-    nqb = -(-max_seqlen // block)
-    idx = torch.zeros(seqs, heads, nqb, 1, dtype=torch.int32, device=q.device)
-    counts = torch.zeros(seqs, heads, nqb, dtype=torch.int32, device=q.device)
-    dense = torch.ones(seqs, dtype=torch.int32, device=q.device)
-    out = attend(q, k, v, cu_seqlens, idx, counts, dense, block)
+    p = plan(q, k, cu_seqlens, max_seqlen, cfg)
+    out = attend(q, k, v, cu_seqlens, p.idx, p.counts, p.dense, cfg.block_size)
     out = torch.where(input_poison(q, k, v, cu_seqlens), float("nan"), out)
-    route = torch.zeros(seqs, heads, dtype=torch.int32, device=q.device)
-    ones = torch.ones(seqs, heads, dtype=torch.float32, device=q.device)
-    return out, route, ones, ones.clone()
+    return out, p.route, p.c_struct, p.density

@@ -1,0 +1,129 @@
+"""Order statistics for select/route without sorting: bisection on the bit patterns of f32 values ≥ 0.
+
+Each helper works on R rows at once (per-row vectors [R]); row r's entries are the values at
+positions lo[r] + (t · m[r]) // cnt[r] for t < cnt[r] of `ptr + base[r]` — the contiguous range
+[lo, lo + m) when cnt = m, or the strided noise-floor sample when cnt < m. Non-negative f32 values
+order like their int32 bit patterns, so 31 halvings of [0, +inf] find an exact order statistic
+(the reference's `torch.kthvalue`) with no sort, no host sync and fixed-size state. The value at
+position `last[r]` is divided by `wlast[r]` and every other by `wdiv` (block widths), when asked.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+INF_BITS = 0x7F800000
+
+
+@triton.jit
+def load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C: tl.constexpr):
+    """[R, C] values for entries t0 .. t0 + C of each row (0 where t ≥ cnt) and their validity."""
+    t = t0 + tl.arange(0, C)[None, :]
+    ok = t < cnt[:, None]
+    pos = lo[:, None] + (t * m[:, None]) // tl.maximum(cnt[:, None], 1)
+    x = tl.load(ptr + base[:, None] + pos, mask=ok, other=0.0)
+    x = x / tl.where(pos == last[:, None], wlast[:, None], wdiv)
+    return tl.where(ok, x, 0.0), ok
+
+
+@triton.jit
+def kth_smallest(ptr, base, lo, m, cnt, k, last, wlast, wdiv, C: tl.constexpr):
+    """Per row, the k[r]-th smallest (0-indexed) of its cnt[r] entries ([R] f32; +inf if k ≥ cnt)."""
+    lo_b = tl.zeros_like(k)
+    hi_b = tl.zeros_like(k) + INF_BITS
+    top = tl.max(cnt, 0)
+    for _ in range(31):
+        mid = lo_b + (hi_b - lo_b) // 2
+        below = tl.zeros_like(k)
+        t0 = 0
+        while t0 < top:
+            x, ok = load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C)
+            below += tl.sum((ok & (x.to(tl.int32, bitcast=True) <= mid[:, None])).to(tl.int32), 1)
+            t0 += C
+        take = below >= k + 1
+        hi_b = tl.where(take, mid, hi_b)
+        lo_b = tl.where(take, lo_b, mid + 1)
+    return hi_b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mass_threshold(ptr, base, lo, m, cnt, need, last, wlast, wdiv, C: tl.constexpr):
+    """Per row, the largest t with Σ{x ≥ t} x ≥ need[r] — keeping x ≥ t covers `need` with the fewest
+    entries (the reference's sort + cumsum). 0 when even every entry falls short (keep all)."""
+    lo_b = tl.zeros_like(cnt)
+    hi_b = tl.zeros_like(cnt) + INF_BITS
+    top = tl.max(cnt, 0)
+    for _ in range(31):
+        mid = lo_b + (hi_b - lo_b + 1) // 2
+        mass = tl.zeros_like(need)
+        t0 = 0
+        while t0 < top:
+            x, ok = load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C)
+            mass += tl.sum(tl.where(ok & (x.to(tl.int32, bitcast=True) >= mid[:, None]), x, 0.0), 1)
+            t0 += C
+        enough = mass >= need
+        lo_b = tl.where(enough, mid, lo_b)
+        hi_b = tl.where(enough, hi_b, mid - 1)
+    return lo_b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def count_and_sum(ptr, base, lo, m, gt, ge, cap, last, wlast, wdiv, C: tl.constexpr):
+    """Per row over the contiguous range: (#entries kept by keep_rule, Σ of all entries)."""
+    kept = tl.zeros_like(m)
+    total = tl.zeros_like(gt)
+    top = tl.max(m, 0)
+    t0 = 0
+    while t0 < top:
+        x, ok = load_rows(ptr, base, lo, m, m, last, wlast, wdiv, t0, C)
+        kept += tl.sum((ok & keep_rule(x, gt, ge, cap)).to(tl.int32), 1)
+        total += tl.sum(x, 1)
+        t0 += C
+    return kept, total
+
+
+@triton.jit
+def keep_rule(x, gt, ge, cap):
+    """Kept iff (x > gt or x ≥ ge) and x ≥ cap: floor rule, top-k / coverage rule, max-budget cap."""
+    return ((x > gt[:, None]) | (x >= ge[:, None])) & (x >= cap[:, None])
+
+
+@triton.jit
+def thresholds(mass_ptr, score_ptr, base, lo, m, always, floor_ptr, floor_lo, floor_m, floor_cnt,
+               last, wlast, wdiv, kappa, quantile, gamma, min_blocks, max_blocks,
+               FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, C: tl.constexpr):
+    """(gt, ge, cap) per row for keep_rule over candidates [lo, lo + m) (reference._keep).
+
+    FLOOR: gt = kappa · quantile of the floor entries (means mass/width, or the strided sample),
+    ranked by score; else ge = the coverage threshold of gamma − always, ranked by mass. MIN_TOP adds
+    the top min_blocks; cap keeps the top max_blocks (then the caller's cumulative cap breaks ties).
+    """
+    inf = tl.zeros_like(always) + float("inf")
+    zero = tl.zeros_like(always)
+    none = tl.zeros_like(lo) - 1
+    if FLOOR:
+        kq = (quantile * (floor_cnt - 1).to(tl.float32)).to(tl.int32)
+        floor = kth_smallest(floor_ptr, base, floor_lo, floor_m, floor_cnt, kq, last, wlast, wdiv, C)
+        gt = tl.where(floor_cnt > 0, kappa * floor, inf)
+        ge = inf
+        rank_ptr = score_ptr
+    else:
+        need = gamma - always
+        reach = mass_threshold(mass_ptr, base, lo, m, m, need, none, zero + 1.0, 1.0, C)
+        gt = inf
+        ge = tl.where(need <= 0, inf, reach)
+        rank_ptr = mass_ptr
+    kept, _ = count_and_sum(rank_ptr, base, lo, m, gt, ge, zero, none, zero + 1.0, 1.0, C)
+    if MIN_TOP:
+        fk = tl.minimum(min_blocks, m)
+        short = (kept < fk) & (fk > 0)
+        if tl.max(short.to(tl.int32), 0) > 0:
+            top = kth_smallest(rank_ptr, base, lo, m, m, m - fk, none, zero + 1.0, 1.0, C)
+            ge = tl.where(short, tl.minimum(ge, top), ge)
+            kept, _ = count_and_sum(rank_ptr, base, lo, m, gt, ge, zero, none, zero + 1.0, 1.0, C)
+    over = (kept > max_blocks) & (m > max_blocks)
+    cap = zero
+    if tl.max(over.to(tl.int32), 0) > 0:
+        cut = kth_smallest(rank_ptr, base, lo, m, m, m - max_blocks, none, zero + 1.0, 1.0, C)
+        cap = tl.where(over, cut, zero)
+    return gt, ge, cap

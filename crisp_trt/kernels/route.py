@@ -1,0 +1,167 @@
+"""route: per head, the vertical-slash selection, its C_struct, and the route (reference.select_heads).
+
+One program per (head, sequence). From estimate's per-block vsum/vmax/ssum/smax it keeps column
+blocks (sink always, candidates by bisect.thresholds) and offset blocks (local always), turns offsets
+into diagonal distances (offset block ob touches distances ob and ob + 1), writes both as bool maps
+and as compact ascending lists for select, then C_struct = Σ vsum over the key blocks the last query
+block attends, and route = C_struct ≥ tau (or, JSD routing, sqrt(JSD(vsum, pooled-Q·K)) ≥ tau).
+Sequences below dense_below get route 0 (dense) and dense[s] = 1.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .bisect import keep_rule, thresholds
+
+
+@triton.jit
+def _keep_blocks(mass_ptr, score_ptr, base, lo, hi, always_hi, nb, width_last, kappa, quantile, gamma,
+                 min_blocks, max_blocks, keep_ptr, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr,
+                 B: tl.constexpr, C: tl.constexpr):
+    """Keep map (int8, 1 = kept) of one head's blocks: [0, always_hi) always, candidates [lo, hi)."""
+    lo_v = tl.zeros([1], tl.int32) + lo
+    m_v = tl.zeros([1], tl.int32) + (hi - lo)
+    base_v = tl.zeros([1], tl.int64) + base
+    last_v = tl.zeros([1], tl.int32) + (nb - 1)
+    wl_v = tl.zeros([1], tl.float32) + width_last
+    cand_mass = tl.zeros([1], tl.float32)
+    all_mass = tl.zeros([1], tl.float32)
+    t0 = 0
+    while t0 < nb:
+        j = t0 + tl.arange(0, C)[None, :]
+        x = tl.load(mass_ptr + base + j, mask=j < nb, other=0.0)
+        all_mass += tl.sum(x, 1)
+        cand_mass += tl.sum(tl.where((j >= lo) & (j < hi), x, 0.0), 1)
+        t0 += C
+    gt, ge, cap = thresholds(mass_ptr, score_ptr, base_v, lo_v, m_v, all_mass - cand_mass, mass_ptr, lo_v, m_v,
+                             m_v, last_v, wl_v, B * 1.0, kappa, quantile, gamma, min_blocks, max_blocks,
+                             FLOOR, MIN_TOP, C)
+    rank_ptr = score_ptr if FLOOR else mass_ptr
+    taken = tl.zeros([1], tl.int32)
+    t0 = 0
+    while t0 < nb:
+        j = t0 + tl.arange(0, C)[None, :]
+        x = tl.load(rank_ptr + base + j, mask=j < nb, other=0.0)
+        cand = (j >= lo) & (j < hi) & keep_rule(x, gt, ge, cap)
+        within = (tl.cumsum(cand.to(tl.int32), 1) + taken) <= max_blocks
+        keep = (j < always_hi) | (cand & within)
+        tl.store(keep_ptr + base + j, keep.to(tl.int8), mask=j < nb)
+        taken += tl.sum(cand.to(tl.int32), 1)
+        t0 += C
+
+
+@triton.jit
+def _compact(src_ptr, base, nb, dst_ptr, dst_base, C: tl.constexpr):
+    """Ascending list of the set entries of an int8 map → dst; returns the count."""
+    count = 0
+    t0 = 0
+    while t0 < nb:
+        j = t0 + tl.arange(0, C)
+        flag = tl.load(src_ptr + base + j, mask=j < nb, other=0) != 0
+        pos = count + tl.cumsum(flag.to(tl.int32), 0) - 1
+        tl.store(dst_ptr + dst_base + pos, j, mask=flag)
+        count += tl.sum(flag.to(tl.int32), 0)
+        t0 += C
+    return count
+
+
+@triton.jit
+def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, H: tl.constexpr,
+         HK: tl.constexpr, NB: tl.constexpr, L: tl.constexpr, D: tl.constexpr):
+    """sqrt(JSD) (base 2) of vsum and softmax(pooled K · mean of the window's queries · scale)."""
+    JC: tl.constexpr = 32  # key blocks per [JC, D] pooled-K tile
+    i = tl.arange(0, L)
+    d = tl.arange(0, D)
+    r = start + n - rows + i
+    qw = tl.load(q_ptr + (r.to(tl.int64) * H + h)[:, None] * D + d[None, :], mask=(i < rows)[:, None], other=0.0)
+    qw = tl.sum(qw.to(tl.float32), 0) / rows.to(tl.float32)
+    seq_base = pk_ptr + (s.to(tl.int64) * NB * HK + hk) * D
+    m = float("-inf")
+    ssum = 0.0
+    t0 = 0
+    while t0 < nb:  # pass 1: max and sum of the pooled logits
+        j = t0 + tl.arange(0, JC)
+        pk = tl.load(seq_base + (j * HK)[:, None] * D + d[None, :], mask=(j < nb)[:, None], other=0.0)
+        z = tl.where(j < nb, tl.sum(pk * qw[None, :], 1) * sm_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(z, 0))
+        ssum = ssum * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
+        m = m_new
+        t0 += JC
+    kl = 0.0
+    t0 = 0
+    while t0 < nb:  # pass 2: 0.5 KL(v || mid) + 0.5 KL(p || mid)
+        j = t0 + tl.arange(0, JC)
+        pk = tl.load(seq_base + (j * HK)[:, None] * D + d[None, :], mask=(j < nb)[:, None], other=0.0)
+        z = tl.where(j < nb, tl.sum(pk * qw[None, :], 1) * sm_scale, float("-inf"))
+        p = tl.exp(z - m) / ssum
+        v = tl.load(vsum_ptr + base + j, mask=j < nb, other=0.0)
+        mid = tl.maximum(0.5 * (p + v), 1e-30)
+        kl += tl.sum(tl.where(v > 0, v * tl.log2(v / mid), 0.0) + tl.where(p > 0, p * tl.log2(p / mid), 0.0), 0)
+        t0 += JC
+    return tl.sqrt(tl.maximum(0.5 * kl, 0.0))
+
+
+@triton.jit
+def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, q_ptr, pk_ptr, keep_c_ptr, keep_o_ptr, keep_d_ptr,
+                 cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, cstruct_ptr, route_ptr, dense_ptr,
+                 sm_scale, kappa, quantile, gamma, tau, min_blocks, max_blocks, dense_below,
+                 H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, L: tl.constexpr, B: tl.constexpr,
+                 D: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, MAXC: tl.constexpr, MAXD: tl.constexpr,
+                 FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, JSD: tl.constexpr, C: tl.constexpr):
+    h = tl.program_id(0)
+    s = tl.program_id(1)
+    start = tl.load(cu_ptr + s)
+    n = tl.load(cu_ptr + s + 1) - start
+    HK: tl.constexpr = H // G
+    row = s * H + h
+    short = n < dense_below
+    if h == 0:
+        tl.store(dense_ptr + s, short.to(tl.int32))
+    if short:
+        tl.store(route_ptr + row, 0)
+        tl.store(cstruct_ptr + row, tl.where(n > 0, 1.0, 0.0))
+        tl.store(ncols_ptr + row, 0)
+        tl.store(ndists_ptr + row, 0)
+        return
+    nb = (n + B - 1) // B
+    base = row.to(tl.int64) * NB
+    width_last = (n - (nb - 1) * B).to(tl.float32)
+    v_lo = tl.minimum(SINK, nb)
+    v_hi = tl.maximum(v_lo, nb - 1 - LOCAL)
+    s_lo = tl.minimum(LOCAL, nb)
+    s_hi = nb
+    if SINK > 0:
+        s_hi = tl.maximum(s_lo, nb - 1 - SINK)
+    _keep_blocks(vsum_ptr, vmax_ptr, base, v_lo, v_hi, v_lo, nb, width_last, kappa, quantile, gamma, min_blocks,
+                 max_blocks, keep_c_ptr, FLOOR, MIN_TOP, B, C)
+    _keep_blocks(ssum_ptr, smax_ptr, base, s_lo, s_hi, s_lo, nb, width_last, kappa, quantile, gamma, min_blocks,
+                 max_blocks, keep_o_ptr, FLOOR, MIN_TOP, B, C)
+    tl.debug_barrier()
+    t0 = 0
+    while t0 < nb:  # distances: offset block ob touches distances ob and ob + 1
+        j = t0 + tl.arange(0, C)
+        here = tl.load(keep_o_ptr + base + j, mask=j < nb, other=0)
+        prev = tl.load(keep_o_ptr + base + j - 1, mask=(j >= 1) & (j < nb), other=0)
+        tl.store(keep_d_ptr + base + j, here | prev, mask=j < nb)
+        t0 += C
+    tl.debug_barrier()
+    tl.store(ncols_ptr + row, _compact(keep_c_ptr, base, nb, cols_ptr, row.to(tl.int64) * MAXC, C))
+    tl.store(ndists_ptr + row, _compact(keep_d_ptr, base, nb, dists_ptr, row.to(tl.int64) * MAXD, C))
+    c_struct = 0.0
+    t0 = 0
+    while t0 < nb:  # the last query block's key blocks: kept columns ∪ kept distances
+        j = t0 + tl.arange(0, C)
+        col = tl.load(keep_c_ptr + base + j, mask=j < nb, other=0)
+        diag = tl.load(keep_d_ptr + base + (nb - 1 - j), mask=j < nb, other=0)
+        v = tl.load(vsum_ptr + base + j, mask=j < nb, other=0.0)
+        c_struct += tl.sum(tl.where((col | diag) != 0, v, 0.0), 0)
+        t0 += C
+    c_struct = tl.minimum(tl.maximum(c_struct, 0.0), 1.0)
+    tl.store(cstruct_ptr + row, c_struct)
+    if JSD:
+        score = _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, tl.minimum(n, L), h, h // G, sm_scale,
+                     H, HK, NB, L, D)
+    else:
+        score = c_struct
+    tl.store(route_ptr + row, tl.where(score >= tau, 1, 2))

@@ -1,0 +1,138 @@
+"""select: per (sequence, head, query block) the off-diagonal key-block list attend consumes.
+
+Grid (ceil(NB / QG), H, S): a program owns QG consecutive query blocks of one head.
+  vertical-slash head  row qb lists the kept columns c < qb, then qb − x for each kept distance
+                       x ≥ 1 whose block is not already a column (reference.vertical_slash_union);
+  block-sparse head    p = softmax(pooled K[: qb + 1] · pooled q[qb] · scale) is written to the row's
+                       scratch (one tl.dot per key chunk for QG rows), then the sink, the local blocks
+                       and the candidates bisect.thresholds keeps (sampled noise floor, or cumulative
+                       coverage) are listed in ascending order (reference.block_sparse_row);
+  dense route          nothing: attend reads the sequence's dense flag.
+Lists need not be sorted (attend's online softmax does not care) but never hold a block twice.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .bisect import keep_rule, thresholds
+
+
+@triton.jit
+def _vertical_slash_rows(keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, idx_ptr, counts_ptr, head, row,
+                         qb, row_ok, NB: tl.constexpr, MAXK: tl.constexpr, MAXC: tl.constexpr, MAXD: tl.constexpr,
+                         MAXCP: tl.constexpr, MAXDP: tl.constexpr):
+    t = tl.arange(0, MAXCP)
+    nc = tl.load(ncols_ptr + head)
+    col = tl.load(cols_ptr + head.to(tl.int64) * MAXC + t, mask=t < nc, other=0)
+    flag = (t[None, :] < nc) & (col[None, :] < qb[:, None]) & row_ok[:, None]
+    pos = tl.cumsum(flag.to(tl.int32), 1) - 1
+    tl.store(idx_ptr + row[:, None] * MAXK + pos, col[None, :] + 0 * pos, mask=flag)
+    count = tl.sum(flag.to(tl.int32), 1)
+    u = tl.arange(0, MAXDP)
+    nd = tl.load(ndists_ptr + head)
+    dist = tl.load(dists_ptr + head.to(tl.int64) * MAXD + u, mask=u < nd, other=0)
+    kb = qb[:, None] - dist[None, :]
+    usable = (u[None, :] < nd) & (dist[None, :] >= 1) & (kb >= 0) & row_ok[:, None]
+    is_col = tl.load(keep_c_ptr + head.to(tl.int64) * NB + kb, mask=usable, other=1)
+    flag = usable & (is_col == 0)
+    pos = count[:, None] + tl.cumsum(flag.to(tl.int32), 1) - 1
+    tl.store(idx_ptr + row[:, None] * MAXK + pos, kb, mask=flag)
+    tl.store(counts_ptr + row, count + tl.sum(flag.to(tl.int32), 1), mask=row_ok)
+
+
+@triton.jit
+def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, row_ok, nb, sm_scale,
+                       kappa, quantile, gamma, min_blocks, max_blocks,
+                       H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, MAXK: tl.constexpr, D: tl.constexpr,
+                       SINK: tl.constexpr, LOCAL: tl.constexpr, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr,
+                       SAMPLES: tl.constexpr, QG: tl.constexpr, C: tl.constexpr):
+    HK: tl.constexpr = H // G
+    d = tl.arange(0, D)
+    qb_c = tl.minimum(qb, nb - 1)
+    pq = tl.load(pq_ptr + ((s * NB + qb_c).to(tl.int64) * H + h)[:, None] * D + d[None, :])
+    base = row * NB  # this row's scratch
+    top = tl.max(tl.where(row_ok, qb, 0), 0) + 1
+    m = tl.full([QG], float("-inf"), tl.float32)
+    l = tl.zeros([QG], tl.float32)
+    kb0 = 0
+    while kb0 < top:  # pooled logits → scratch; row max and sum
+        kb = kb0 + tl.arange(0, C)
+        pk = tl.load(pk_ptr + ((s * NB + kb).to(tl.int64) * HK + h // G)[:, None] * D + d[None, :],
+                     mask=(kb < nb)[:, None], other=0.0)
+        z = tl.dot(pq, tl.trans(pk), input_precision="ieee") * sm_scale
+        ok = (kb[None, :] <= qb[:, None]) & row_ok[:, None]
+        z = tl.where(ok, z, float("-inf"))
+        tl.store(scratch_ptr + base[:, None] + kb[None, :], z, mask=ok)
+        m_new = tl.maximum(m, tl.max(z, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), 1)
+        m = m_new
+        kb0 += C
+    tl.debug_barrier()
+    lo = tl.minimum(SINK, qb + 1)
+    hi = tl.maximum(lo, qb - LOCAL)
+    cand_m = tl.where(row_ok, hi - lo, 0)
+    inv = 1.0 / tl.where(l > 0, l, 1.0)
+    all_mass = tl.zeros([QG], tl.float32)
+    cand_mass = tl.zeros([QG], tl.float32)
+    kb0 = 0
+    while kb0 < top:  # scratch ← probabilities
+        kb = kb0 + tl.arange(0, C)
+        ok = (kb[None, :] <= qb[:, None]) & row_ok[:, None]
+        p = tl.exp(tl.load(scratch_ptr + base[:, None] + kb[None, :], mask=ok, other=float("-inf")) - m[:, None])
+        p = p * inv[:, None]
+        tl.store(scratch_ptr + base[:, None] + kb[None, :], p, mask=ok)
+        all_mass += tl.sum(p, 1)
+        cand_mass += tl.sum(tl.where((kb[None, :] >= lo[:, None]) & (kb[None, :] < hi[:, None]), p, 0.0), 1)
+        kb0 += C
+    tl.debug_barrier()
+    none = tl.zeros([QG], tl.int32) - 1
+    one = tl.zeros([QG], tl.float32) + 1.0
+    gt, ge, cap = thresholds(scratch_ptr, scratch_ptr, base, lo, cand_m, all_mass - cand_mass, scratch_ptr, lo,
+                             cand_m, tl.minimum(cand_m, SAMPLES), none, one, 1.0, kappa, quantile, gamma,
+                             min_blocks, max_blocks, FLOOR, MIN_TOP, C)
+    taken = tl.zeros([QG], tl.int32)
+    count = tl.zeros([QG], tl.int32)
+    kb0 = 0
+    while kb0 < top:  # list: sink, kept candidates (at most max_blocks, ascending), local
+        kb = kb0 + tl.arange(0, C)[None, :]
+        ok = (kb < qb[:, None]) & row_ok[:, None]
+        p = tl.load(scratch_ptr + base[:, None] + kb, mask=ok, other=0.0)
+        cand = ok & (kb >= lo[:, None]) & (kb < hi[:, None]) & keep_rule(p, gt, ge, cap)
+        within = (tl.cumsum(cand.to(tl.int32), 1) + taken[:, None]) <= max_blocks
+        flag = ok & ((kb < lo[:, None]) | (kb >= hi[:, None]) | (cand & within))
+        pos = count[:, None] + tl.cumsum(flag.to(tl.int32), 1) - 1
+        tl.store(idx_ptr + row[:, None] * MAXK + pos, kb + 0 * pos, mask=flag)
+        taken += tl.sum(cand.to(tl.int32), 1)
+        count += tl.sum(flag.to(tl.int32), 1)
+        kb0 += C
+    tl.store(counts_ptr + row, count, mask=row_ok)
+
+
+@triton.jit
+def select_kernel(cu_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, pq_ptr, pk_ptr,
+                  scratch_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, min_blocks, max_blocks,
+                  H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, MAXK: tl.constexpr, D: tl.constexpr,
+                  BLOCK: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, MAXC: tl.constexpr,
+                  MAXD: tl.constexpr, MAXCP: tl.constexpr, MAXDP: tl.constexpr, FLOOR: tl.constexpr,
+                  MIN_TOP: tl.constexpr, SAMPLES: tl.constexpr, QG: tl.constexpr, C: tl.constexpr):
+    g = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    n = tl.load(cu_ptr + s + 1) - tl.load(cu_ptr + s)
+    nb = (n + BLOCK - 1) // BLOCK
+    if g * QG >= nb:
+        return
+    head = s * H + h
+    route = tl.load(route_ptr + head)
+    qb = g * QG + tl.arange(0, QG)
+    row_ok = qb < nb
+    row = head.to(tl.int64) * NB + qb
+    if route == 1:
+        _vertical_slash_rows(keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, idx_ptr, counts_ptr, head, row,
+                             qb, row_ok, NB, MAXK, MAXC, MAXD, MAXCP, MAXDP)
+    if route == 2:
+        _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, row_ok, nb, sm_scale,
+                           kappa, quantile, gamma, min_blocks, max_blocks, H, G, NB, MAXK, D, SINK, LOCAL, FLOOR,
+                           MIN_TOP, SAMPLES, QG, C)
