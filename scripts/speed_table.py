@@ -1,10 +1,11 @@
-"""Speed table on the GPU: CRISP op and the sparse attend kernel vs cuDNN / FA2 dense (same run).
+"""Speed table on the GPU: the CRISP op (estimate → route → select → attend) vs cuDNN / FA2 dense.
 
-Llama-3-8B-like shape (32 q / 8 kv heads, d=128, bf16), synthetic workload. Per n: dense ms
-(cuDNN, FLASH), CRISP op ms (today: dense attend kernel, select not yet on GPU), estimate ms, attend over a
-fixed vertical-slash list (sink + local + 14 column blocks) with its density and TFLOP/s over the
-computed blocks, output rel. error vs cuDNN; at 8k kernel vs the fp32 reference; a CUDA-graph
-capture of crisp_prefill_attention. Writes JSON to $OUT and bench/results/, prints a table last.
+Llama-3-8B-like shape (32 q / 8 kv heads, d=128, bf16), synthetic workload generated on the GPU, one
+default CrispConfig for every length. Per n, all in the same process: dense ms (cuDNN, FLASH); CRISP
+and FlexPrefill-mode op ms, density, output rel. error vs cuDNN, routing+select ms (plan) and share,
+per-stage ms (estimate, route, select, attend), attend TFLOP/s over the blocks it computes, the
+routes taken; at n ≤ 8k the kernels vs the fp32 reference pipeline; a CUDA-graph capture of the op.
+Writes JSON to $OUT and bench/results/ after every row, prints a table last.
 """
 from __future__ import annotations
 
@@ -16,78 +17,76 @@ import time
 import torch
 
 from crisp_trt import CrispConfig, crisp_prefill_attention, reference
+from crisp_trt.api import _reference_packed
 from crisp_trt.bench.op import dense_fn, median_ms
+from crisp_trt.config import method_config
 from crisp_trt.kernels.attend import attend
-from crisp_trt.kernels.estimate import estimate
+from crisp_trt.kernels.pipeline import Stages
 from crisp_trt.workloads.synthetic import synthetic_qkv
 
-H, HKV, D, BLOCK = 32, 8, 128, 128
+H, HKV, D = 32, 8, 128
 
 
 def rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def vs_lists(n, dev):
-    """Fixed vertical-slash lists: sink block 0, local block qb-1, 14 evenly spread column blocks."""
-    nb = -(-n // BLOCK)
-    cols = torch.linspace(1, nb - 1, 16).long()
-    masks = torch.zeros(nb, nb, dtype=torch.bool, device=dev)
-    masks[:, 0] = True
-    masks[:, cols] = True
-    qb = torch.arange(nb, device=dev)
-    masks[qb[1:], qb[1:] - 1] = True
-    masks = masks.tril(-1)
-    maxk = int(masks.sum(-1).max())
-    order = torch.sort((~masks).int(), dim=-1, stable=True).indices[:, :maxk]
-    idx = torch.where(torch.gather(masks, -1, order), order, 0).int()
-    counts = masks.sum(-1).int()
-    blocks = float(masks.sum() + nb)
-    return (idx.expand(H, nb, maxk)[None].contiguous(), counts.expand(H, nb)[None].contiguous(),
-            blocks / (nb * (nb + 1) / 2), blocks)
+def method_row(name, cfg, q, k, v, dense_out, cudnn_ms, reps):
+    """One sparse method's numbers on [n, H, d] inputs."""
+    n = q.shape[0]
+    cu = torch.tensor([0, n], dtype=torch.int32, device=q.device)
+    st = Stages(q, k, cu, n, cfg)
+    r = {"method": name}
+    r["ms"] = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), reps, q.device)
+    r["plan_ms"] = median_ms(lambda: st.plan(), reps, q.device)
+    r["estimate_ms"] = median_ms(st.estimate, reps, q.device)
+    r["route_ms"] = median_ms(st.route, reps, q.device)
+    r["select_ms"] = median_ms(st.select, reps, q.device)
+    p = st.plan()
+    r["attend_ms"] = median_ms(lambda: attend(q, k, v, cu, p.idx, p.counts, p.dense, cfg.block_size), reps, q.device)
+    out, stats = crisp_prefill_attention(q, k, v, config=cfg, return_stats=True)
+    r["density"] = stats.mean_density
+    r["rel_err"] = rel(out, dense_out)
+    r["speedup_vs_cudnn"] = cudnn_ms / r["ms"]
+    r["routing_share"] = r["plan_ms"] / r["ms"]
+    r["routes"] = {name: int((stats.route == code).sum()) for code, name in ((1, "vs"), (2, "bs"), (0, "dense"))}
+    nb = -(-n // cfg.block_size)
+    blocks = float(p.counts.sum() + nb * H)
+    r["attend_tflops"] = 4 * blocks * cfg.block_size ** 2 * D / (r["attend_ms"] * 1e-3) / 1e12
+    if n <= 8192:  # kernels vs the fp32 reference pipeline (same config)
+        cpu = [t.float().cpu() for t in (q, k, v)]
+        want = _reference_packed(*cpu, torch.tensor([0, n], dtype=torch.int32), cfg)[0]
+        r["kernel_vs_reference_rel_err"] = rel(out.cpu(), want)
+    return r
 
 
 def row(n, dev):
     reps = 5 if n >= 131072 else 10
-    q, k, v = (t[0].to(dev) for t in synthetic_qkv(n, H, HKV, D, dtype=torch.bfloat16, seed=0))
-    cfg = CrispConfig(block_size=BLOCK)
-    cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
+    q, k, v = (t[0] for t in synthetic_qkv(n, H, HKV, D, dtype=torch.bfloat16, seed=0, device=dev))
     r = {"n": n}
     r["cudnn_ms"] = median_ms(dense_fn("dense_cudnn", q, k, v), reps, dev)
     r["flash_ms"] = median_ms(dense_fn("dense_fa2", q, k, v), reps, dev)
+    r["cudnn_tflops"] = 4 * (n * (n + 1) / 2) * D * H / (r["cudnn_ms"] * 1e-3) / 1e12
     dense_out = dense_fn("dense_cudnn", q, k, v)()
-    out = crisp_prefill_attention(q, k, v, config=cfg)
-    r["crisp_ms"] = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), reps, dev)
-    r["crisp_rel_err_vs_cudnn"] = rel(out, dense_out)
-    r["crisp_density"] = 1.0
-    r["estimate_ms"] = median_ms(lambda: estimate(q, k, cu, -(-n // BLOCK), BLOCK, cfg.window), reps, dev)
-    idx, counts, dens, blocks = vs_lists(n, dev)
-    flag = torch.zeros(1, dtype=torch.int32, device=dev)
-    r["sparse_attend_ms"] = median_ms(lambda: attend(q, k, v, cu, idx, counts, flag, BLOCK), reps, dev)
-    r["sparse_density"] = dens
-    r["sparse_attend_tflops"] = 4 * blocks * BLOCK * BLOCK * D * H / (r["sparse_attend_ms"] * 1e-3) / 1e12
-    causal_flops = 4 * (n * (n + 1) / 2) * D * H
-    r["cudnn_tflops"] = causal_flops / (r["cudnn_ms"] * 1e-3) / 1e12
-    r["dense_attend_tflops"] = causal_flops / (r["crisp_ms"] * 1e-3) / 1e12
-    r["sparse_speedup_vs_cudnn"] = r["cudnn_ms"] / r["sparse_attend_ms"]
-    if n <= 8192:
-        want = reference.dense_attention(q.float(), k.float(), v.float())
-        r["kernel_vs_reference_fp32_rel_err"] = rel(out, want)
+    r["methods"] = [method_row(m, method_config(m), q, k, v, dense_out, r["cudnn_ms"], reps)
+                    for m in ("crisp", "flexprefill")]
     print(json.dumps(r), flush=True)
     return r
 
 
 def graph_capture(dev):
-    q, k, v = (t[0].to(dev) for t in synthetic_qkv(4096, H, HKV, D, dtype=torch.bfloat16, seed=1))
-    cfg = CrispConfig(block_size=BLOCK)
-    crisp_prefill_attention(q, k, v, config=cfg)
+    """Capture the sparse op in a CUDA graph (fails on any host sync) and replay it against eager."""
+    q, k, v = (t[0] for t in synthetic_qkv(8192, H, HKV, D, dtype=torch.bfloat16, seed=1, device=dev))
+    cfg = CrispConfig()
+    eager, stats = crisp_prefill_attention(q, k, v, config=cfg, return_stats=True)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = crisp_prefill_attention(q, k, v, config=cfg)
     g.replay()
     torch.cuda.synchronize()
-    return {"cuda_graph_capture": "ok", "finite": bool(torch.isfinite(out).all())}
+    return {"cuda_graph_capture": "ok", "replay_max_abs_diff_vs_eager": float((out.float() - eager.float()).abs().max()),
+            "density": stats.mean_density, "sparse_heads": int((stats.route != 0).sum())}
 
 
 def main():
@@ -110,11 +109,14 @@ def main():
                 with open(os.path.join(folder, name), "w") as f:
                     json.dump(res, f, indent=1)
     print(json.dumps(res["graph"]))
-    print(f"{'n':>7} {'cudnn':>9} {'fa2':>9} {'crisp':>9} {'sparse':>9} {'dens':>6} {'x':>6} {'TF/s':>6} {'relerr':>8} {'est':>7}")
+    print(f"{'n':>7} {'method':>11} {'cudnn':>8} {'ms':>8} {'x':>6} {'dens':>6} {'relerr':>8} {'plan':>7} "
+          f"{'share':>6} {'est':>6} {'route':>6} {'sel':>6} {'attend':>7} {'TF/s':>5} routes")
     for r in res["rows"]:
-        print(f"{r['n']:>7} {r['cudnn_ms']:9.2f} {r['flash_ms']:9.2f} {r['crisp_ms']:9.2f} {r['sparse_attend_ms']:9.2f} "
-              f"{r['sparse_density']:6.3f} {r['sparse_speedup_vs_cudnn']:6.1f} {r['sparse_attend_tflops']:6.0f} "
-              f"{r['crisp_rel_err_vs_cudnn']:8.2e} {r['estimate_ms']:7.2f}")
+        for m in r["methods"]:
+            print(f"{r['n']:>7} {m['method']:>11} {r['cudnn_ms']:8.2f} {m['ms']:8.2f} {m['speedup_vs_cudnn']:6.1f} "
+                  f"{m['density']:6.3f} {m['rel_err']:8.2e} {m['plan_ms']:7.2f} {m['routing_share']:6.1%} "
+                  f"{m['estimate_ms']:6.2f} {m['route_ms']:6.2f} {m['select_ms']:6.2f} {m['attend_ms']:7.2f} "
+                  f"{m['attend_tflops']:5.0f} {m['routes']}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-INF_BITS = 0x7F800000
+INF_BITS = tl.constexpr(0x7F800000)  # bit pattern of +inf
 
 
 @triton.jit

@@ -69,55 +69,84 @@ class Sizes:
         return cls(nb, chunk, -(-nb // chunk), max(maxc, 1), max(maxd, 1), cfg.max_list(nb))
 
 
+class Stages:
+    """The buffers and launches of one plan: estimate() → route() → select(), each a method so the
+    stages can be timed apart (scripts/speed_table.py); plan() runs all three."""
+
+    def __init__(self, q, k, cu_seqlens, max_seqlen: int, cfg: CrispConfig):
+        self.q, self.k, self.cu, self.cfg = q, k, cu_seqlens, cfg
+        self.seqs, (self.heads, self.d), self.kv_heads = cu_seqlens.shape[0] - 1, q.shape[1:], k.shape[1]
+        self.z = Sizes.of(max_seqlen, cfg)
+        self.scale, self.dense_below = 1.0 / math.sqrt(self.d), max(cfg.dense_below, 1)
+        self.knobs = (cfg.kappa, cfg.floor_quantile, cfg.gamma)
+        self.floor = cfg.budget == "floor"
+
+    def _empty(self, *shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device=self.q.device)
+
+    def estimate(self):
+        """Proxy-map statistics vsum, vmax, ssum, smax [S, H, NB] and the pooled q/k blocks."""
+        q, k, cu, cfg, z, seqs, heads = self.q, self.k, self.cu, self.cfg, self.z, self.seqs, self.heads
+        block, window = cfg.block_size, cfg.window
+        part_m, part_l = self._empty(seqs, heads, z.nch, window), self._empty(seqs, heads, z.nch, window)
+        self.vsum, self.vmax, self.ssum, self.smax = (self._empty(seqs, heads, z.nb) for _ in range(4))
+        s_mass = torch.zeros(seqs, heads, z.nb * block, dtype=torch.float32, device=q.device)
+        warps = 4 if block * self.d <= 64 * 128 else 8
+        shape = dict(H=heads, G=heads // self.kv_heads, L=window, BLOCK=block, D=self.d)
+        args = (self.scale, z.chunk, self.dense_below)
+        estimate_partial_kernel[(z.nch, heads, seqs)](q, k, cu, part_m, part_l, *args, NCH=z.nch, **shape,
+                                                       num_warps=warps)
+        estimate_mass_kernel[(z.nch, heads, seqs)](q, k, cu, part_m, part_l, self.vsum, self.vmax, s_mass, *args,
+                                                    NB=z.nb, NCH=z.nch, **shape, num_warps=warps)
+        slash_reduce_kernel[(-(-z.nb // SLASH_ROWS), heads, seqs)](s_mass, cu, self.ssum, self.smax, self.dense_below,
+                                                                   H=heads, NB=z.nb, RB=SLASH_ROWS, BLOCK=block)
+        self.pooled_q = self._empty(seqs, z.nb, heads, self.d)
+        self.pooled_k = self._empty(seqs, z.nb, self.kv_heads, self.d)
+        pool_kernel[(z.nb, heads + self.kv_heads, seqs)](q, k, cu, self.pooled_q, self.pooled_k, self.dense_below,
+                                                         H=heads, HK=self.kv_heads, NB=z.nb, BLOCK=block, D=self.d)
+
+    def route(self):
+        """Per head: kept columns / distances (maps and lists), C_struct, route; dense flag per sequence."""
+        cfg, z, seqs, heads, i32 = self.cfg, self.z, self.seqs, self.heads, torch.int32
+        self.columns, offsets, self.distances = (torch.zeros(seqs, heads, z.nb, dtype=torch.int8, device=self.q.device)
+                                                 for _ in range(3))
+        self.cols, self.dists = self._empty(seqs, heads, z.maxc, dtype=i32), self._empty(seqs, heads, z.maxd, dtype=i32)
+        self.ncols, self.ndists, self.route_ = (self._empty(seqs, heads, dtype=i32) for _ in range(3))
+        self.c_struct, self.dense = self._empty(seqs, heads), self._empty(seqs, dtype=i32)
+        route_kernel[(heads, seqs)](
+            self.vsum, self.vmax, self.ssum, self.smax, self.cu, self.q, self.pooled_k, self.columns, offsets,
+            self.distances, self.cols, self.ncols, self.dists, self.ndists, self.c_struct, self.route_, self.dense,
+            self.scale, *self.knobs, cfg.tau, cfg.min_blocks, cfg.max_blocks, self.dense_below, H=heads,
+            G=heads // self.kv_heads, NB=z.nb, L=cfg.window, B=cfg.block_size, D=self.d, SINK=cfg.sink_blocks,
+            LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, FLOOR=self.floor, MIN_TOP=cfg.min_blocks > 0,
+            JSD=cfg.routing == "jsd", C=min(1024, _pow2(z.nb)), num_warps=4)
+
+    def select(self):
+        """Per (sequence, head, query block): the off-diagonal key-block list and its count."""
+        cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
+        self.idx = self._empty(seqs, heads, z.nb, z.maxk, dtype=torch.int32)
+        self.counts = torch.zeros(seqs, heads, z.nb, dtype=torch.int32, device=self.q.device)
+        scratch = self._empty(seqs * heads * z.nb * z.nb)
+        select_kernel[(-(-z.nb // QG), heads, seqs)](
+            self.cu, self.route_, self.columns, self.cols, self.ncols, self.dists, self.ndists, self.pooled_q,
+            self.pooled_k, scratch, self.idx, self.counts, self.scale, *self.knobs, cfg.min_blocks, cfg.max_blocks,
+            H=heads, G=heads // self.kv_heads, NB=z.nb, MAXK=z.maxk, D=self.d, BLOCK=cfg.block_size,
+            SINK=cfg.sink_blocks, LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, MAXCP=_pow2(z.maxc),
+            MAXDP=_pow2(z.maxd), FLOOR=self.floor, MIN_TOP=(not self.floor) and cfg.min_blocks > 0,
+            SAMPLES=cfg.floor_samples, QG=QG, C=SELECT_CHUNK, num_warps=4)
+
+    def plan(self) -> Plan:
+        self.estimate()
+        self.route()
+        self.select()
+        density = _density(self.counts, self.dense, self.cu, self.cfg.block_size)
+        return Plan(self.idx, self.counts, self.dense, self.route_, self.c_struct, density, self.columns,
+                    self.distances)
+
+
 def plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, cfg: CrispConfig) -> Plan:
     """estimate → route → select for packed q [total, H, d], k [total, H_kv, d] (cu_seqlens int32 [S + 1])."""
-    seqs, (heads, d), kv_heads = cu_seqlens.shape[0] - 1, q.shape[1:], k.shape[1]
-    block, window, groups = cfg.block_size, cfg.window, heads // kv_heads
-    z = Sizes.of(max_seqlen, cfg)
-    dev, f32, i32 = q.device, torch.float32, torch.int32
-    scale, dense_below = 1.0 / math.sqrt(d), max(cfg.dense_below, 1)
-    floor, jsd = cfg.budget == "floor", cfg.routing == "jsd"
-
-    part_m = torch.empty(seqs, heads, z.nch, window, dtype=f32, device=dev)
-    part_l = torch.empty_like(part_m)
-    vsum, vmax, ssum, smax = (torch.empty(seqs, heads, z.nb, dtype=f32, device=dev) for _ in range(4))
-    s_mass = torch.zeros(seqs, heads, z.nb * block, dtype=f32, device=dev)
-    warps = 4 if block * d <= 64 * 128 else 8
-    shape = dict(H=heads, G=groups, L=window, BLOCK=block, D=d)
-    estimate_partial_kernel[(z.nch, heads, seqs)](q, k, cu_seqlens, part_m, part_l, scale, z.chunk, dense_below,
-                                                   NCH=z.nch, **shape, num_warps=warps)
-    estimate_mass_kernel[(z.nch, heads, seqs)](q, k, cu_seqlens, part_m, part_l, vsum, vmax, s_mass, scale, z.chunk,
-                                                dense_below, NB=z.nb, NCH=z.nch, **shape, num_warps=warps)
-    slash_reduce_kernel[(-(-z.nb // SLASH_ROWS), heads, seqs)](s_mass, cu_seqlens, ssum, smax, dense_below, H=heads,
-                                                               NB=z.nb, RB=SLASH_ROWS, BLOCK=block)
-    pooled_q = torch.empty(seqs, z.nb, heads, d, dtype=f32, device=dev)
-    pooled_k = torch.empty(seqs, z.nb, kv_heads, d, dtype=f32, device=dev)
-    pool_kernel[(z.nb, heads + kv_heads, seqs)](q, k, cu_seqlens, pooled_q, pooled_k, dense_below, H=heads,
-                                                HK=kv_heads, NB=z.nb, BLOCK=block, D=d)
-
-    columns, offsets, distances = (torch.zeros(seqs, heads, z.nb, dtype=torch.int8, device=dev) for _ in range(3))
-    cols = torch.empty(seqs, heads, z.maxc, dtype=i32, device=dev)
-    dists = torch.empty(seqs, heads, z.maxd, dtype=i32, device=dev)
-    ncols, ndists, route = (torch.empty(seqs, heads, dtype=i32, device=dev) for _ in range(3))
-    c_struct = torch.empty(seqs, heads, dtype=f32, device=dev)
-    dense = torch.empty(seqs, dtype=i32, device=dev)
-    knobs = (cfg.kappa, cfg.floor_quantile, cfg.gamma)
-    route_kernel[(heads, seqs)](vsum, vmax, ssum, smax, cu_seqlens, q, pooled_k, columns, offsets, distances, cols,
-                                ncols, dists, ndists, c_struct, route, dense, scale, *knobs, cfg.tau, cfg.min_blocks,
-                                cfg.max_blocks, dense_below, H=heads, G=groups, NB=z.nb, L=window, B=block, D=d,
-                                SINK=cfg.sink_blocks, LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, FLOOR=floor,
-                                MIN_TOP=cfg.min_blocks > 0, JSD=jsd, C=min(1024, _pow2(z.nb)), num_warps=4)
-
-    idx = torch.empty(seqs, heads, z.nb, z.maxk, dtype=i32, device=dev)
-    counts = torch.zeros(seqs, heads, z.nb, dtype=i32, device=dev)
-    scratch = torch.empty(seqs * heads * z.nb * z.nb, dtype=f32, device=dev)
-    select_kernel[(-(-z.nb // QG), heads, seqs)](
-        cu_seqlens, route, columns, cols, ncols, dists, ndists, pooled_q, pooled_k, scratch, idx, counts, scale, *knobs,
-        cfg.min_blocks, cfg.max_blocks, H=heads, G=groups, NB=z.nb, MAXK=z.maxk, D=d, BLOCK=block,
-        SINK=cfg.sink_blocks, LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, MAXCP=_pow2(z.maxc),
-        MAXDP=_pow2(z.maxd), FLOOR=floor, MIN_TOP=(not floor) and cfg.min_blocks > 0, SAMPLES=cfg.floor_samples,
-        QG=QG, C=SELECT_CHUNK, num_warps=4)
-    return Plan(idx, counts, dense, route, c_struct, _density(counts, dense, cu_seqlens, block), columns, distances)
+    return Stages(q, k, cu_seqlens, max_seqlen, cfg).plan()
 
 
 def _density(counts, dense, cu_seqlens, block):
