@@ -2,19 +2,16 @@
  * Kernel launch layer: the only place the plugin touches kernels.
  *
  * The kernels are the Triton kernels of crisp_trt/kernels/ (the same ones the torch op runs), compiled
- * ahead of time into cubins (scripts/, one per CUDA architecture) and launched here through the CUDA
- * driver API (cuModuleLoadData + cuLaunchKernel), never reimplemented in C++. The four stages keep
- * their Python names:
+ * ahead of time into cubins by scripts/aot_compile.py (crispPrefillAttentionImages.h) and launched here
+ * through the CUDA runtime's library API (cudaLibraryLoadData, cudaLibraryGetKernel, cudaLaunchKernel),
+ * never reimplemented in C++. The pipeline keeps the Python stage names (estimate -> route -> select ->
+ * attend, crisp_trt/kernels/pipeline.py).
  *
- *   estimate  q[last window], k      -> vmass[H, tokens], smass[H, tokens]   (proxy map statistics)
- *   route     vmass, smass           -> cstruct[H], route[H]                 (C_struct >= tau: vertical-slash)
- *   select    vmass, smass, q, k     -> lists[H, qblocks, maxList], counts[H, qblocks]
- *   attend    q, k, v, lists, counts -> out                                  (causal sparse flash attention)
- *
- * Sequences shorter than dense_below run the attend kernel over every causal block. Every buffer lives
- * in the workspace described by crispWorkspaceLayout(); the launches are asynchronous on `stream` and do
- * no host synchronisation, so the plugin is CUDA-graph safe. Triton's hidden trailing scratch pointers
- * are passed as part of the workspace.
+ * Status: only attend is embedded, so every sequence is attended densely (dense[s] = 1: exact causal
+ * attention, what crisp_trt.crisp_prefill_attention computes for such a sequence); estimate/route/select
+ * join here, in pipeline.py's order, once they exist in crisp_trt/kernels/. Every buffer lives in the
+ * workspace described by crispWorkspaceLayout(); the launches are asynchronous on `stream` and do no host
+ * synchronisation, so the plugin is CUDA-graph safe once a device's cubins are loaded (on its first enqueue).
  */
 #pragma once
 
@@ -27,31 +24,29 @@
 namespace crisp
 {
 
-//! Byte offsets of the estimate/select buffers inside the plugin workspace (each 256-byte aligned).
+//! Byte offsets of attend's inputs inside the plugin workspace (each 256-byte aligned). The dense path lays
+//! idx/counts out with NQB = MAXK = 1 (the constexprs its cubins are built with, scripts/aot_kernels.py):
+//! row (s * numHeads + h) + qb, read by attend but multiplied by 0 while dense[s] = 1.
 struct CrispWorkspaceLayout
 {
-    size_t vmass;   //!< float [numHeads, qBlocks * blockSize]
-    size_t smass;   //!< float [numHeads, qBlocks * blockSize]
-    size_t cstruct; //!< float [numHeads, batch]
-    size_t route;   //!< int32 [numHeads, batch]
-    size_t lists;   //!< int32 [numHeads, qBlocks, maxList]  key-block indices per query block
-    size_t counts;  //!< int32 [numHeads, qBlocks]           valid entries of each list
-    size_t total;   //!< bytes of the whole workspace
+    size_t dense;  //!< int32 [batch]: 1 = attend every causal block of sequence s
+    size_t idx;    //!< int32 [batch * numHeads + qBlocks]: key-block lists
+    size_t counts; //!< int32 [batch * numHeads + qBlocks]: valid entries of each list
+    size_t total;  //!< bytes of the whole workspace
 };
 
-//! Layout for at most `maxTokens` packed tokens in at most `maxBatch` sequences (qBlocks bounds the query
-//! blocks of all sequences: ceil(maxTokens / blockSize) + maxBatch).
+//! Layout for at most `maxTokens` packed tokens in at most `maxBatch` sequences (qBlocks =
+//! ceil(maxTokens / blockSize) bounds the query blocks of any one sequence).
 CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& params, int64_t maxTokens, int64_t maxBatch) noexcept;
 
 //! One enqueue's tensors. q/out: [tokens, numHeads, headDim]; k/v: [tokens, numKvHeads, headDim], packed,
-//! contiguous; cuSeqlens: int32 [batch + 1], cuSeqlens[0] = 0, cuSeqlens[batch] = tokens.
+//! contiguous, 16-byte aligned; cuSeqlens: int32 [batch + 1], cuSeqlens[0] = 0, cuSeqlens[batch] = tokens.
 struct CrispLaunchArgs
 {
     CrispParams const* params;
     bool bf16; //!< element type of q, k, v, out: bfloat16 if true, else float16
     int64_t tokens;
     int64_t batch;
-    int64_t maxSeqLen; //!< the profile's bound on one sequence's length (sizes the grids)
     void const* q;
     void const* k;
     void const* v;
@@ -60,8 +55,8 @@ struct CrispLaunchArgs
     void* workspace; //!< crispWorkspaceLayout(*params, tokens, batch).total bytes or more
 };
 
-//! Launch estimate -> route -> select -> attend on `stream`. Returns 0 on success, else a non-zero status
-//! after logging the reason (no kernels built for this device, a launch failure).
+//! Launch the pipeline on `stream`. Returns 0 on success, else a non-zero status after logging the reason
+//! (no cubin for this device or configuration, misaligned buffers, a load or launch failure).
 int32_t crispLaunchPrefill(CrispLaunchArgs const& args, cudaStream_t stream) noexcept;
 
 } // namespace crisp

@@ -8,6 +8,22 @@ namespace
 {
 std::mutex gMutex;
 nvinfer1::ILoggerFinder* gFinder{nullptr};
+
+void log(nvinfer1::ILogger::Severity severity, std::string const& message) noexcept
+{
+    try
+    {
+        std::lock_guard<std::mutex> lock(gMutex);
+        nvinfer1::ILogger* logger = gFinder == nullptr ? nullptr : gFinder->findLogger();
+        if (logger != nullptr)
+        {
+            logger->log(severity, ("CrispPrefillAttention: " + message).c_str());
+        }
+    }
+    catch (...)
+    {
+    }
+}
 } // namespace
 
 void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept
@@ -21,18 +37,12 @@ void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept
 
 void logError(std::string const& message) noexcept
 {
-    try
-    {
-        std::lock_guard<std::mutex> lock(gMutex);
-        nvinfer1::ILogger* logger = gFinder == nullptr ? nullptr : gFinder->findLogger();
-        if (logger != nullptr)
-        {
-            logger->log(nvinfer1::ILogger::Severity::kERROR, ("CrispPrefillAttention: " + message).c_str());
-        }
-    }
-    catch (...)
-    {
-    }
+    log(nvinfer1::ILogger::Severity::kERROR, message);
+}
+
+void logWarning(std::string const& message) noexcept
+{
+    log(nvinfer1::ILogger::Severity::kWARNING, message);
 }
 
 } // namespace crisp

@@ -15,4 +15,7 @@ void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
 //! "CrispPrefillAttention: <message>" at kERROR severity.
 void logError(std::string const& message) noexcept;
 
+//! "CrispPrefillAttention: <message>" at kWARNING severity.
+void logWarning(std::string const& message) noexcept;
+
 } // namespace crisp

@@ -66,12 +66,7 @@ IPluginCapability* CrispPrefillAttentionPlugin::getCapabilityInterface(PluginCap
 
 IPluginV3* CrispPrefillAttentionPlugin::clone() noexcept
 {
-    auto* plugin = new (std::nothrow) CrispPrefillAttentionPlugin(mParams);
-    if (plugin != nullptr)
-    {
-        plugin->mMaxSeqLen = mMaxSeqLen;
-    }
-    return plugin;
+    return new (std::nothrow) CrispPrefillAttentionPlugin(mParams);
 }
 
 char const* CrispPrefillAttentionPlugin::getPluginName() const noexcept
@@ -156,7 +151,6 @@ int32_t CrispPrefillAttentionPlugin::configurePlugin(
                  "head_dim, and cu_seqlens [batch + 1]");
         return -1;
     }
-    mMaxSeqLen = in[0].max.d[0];
     return 0;
 }
 
@@ -195,7 +189,6 @@ int32_t CrispPrefillAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc,
     args.bf16 = inputDesc[0].type == DataType::kBF16;
     args.tokens = inputDesc[0].dims.d[0];
     args.batch = inputDesc[kSEQLENS].dims.d[0] - 1;
-    args.maxSeqLen = mMaxSeqLen > 0 ? mMaxSeqLen : args.tokens;
     args.q = inputs[0];
     args.k = inputs[1];
     args.v = inputs[2];

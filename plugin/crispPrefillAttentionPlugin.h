@@ -59,7 +59,6 @@ public:
 
 private:
     CrispParams mParams;
-    int64_t mMaxSeqLen{0};
     std::vector<nvinfer1::PluginField> mFields;
     nvinfer1::PluginFieldCollection mFieldCollection{};
 };
