@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .bounds import seq_bounds
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -47,14 +49,13 @@ def _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, n, k_
 
 
 @triton.jit
-def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale,
+def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale, total,
                   H: tl.constexpr, G: tl.constexpr, NQB: tl.constexpr, MAXK: tl.constexpr,
                   BLOCK: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
     qb = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    start = tl.load(cu_ptr + s)
-    n = tl.load(cu_ptr + s + 1) - start
+    start, n = seq_bounds(cu_ptr, s, total, NQB * BLOCK)
     if qb * BLOCK >= n:
         return
     hk = h // G
@@ -100,7 +101,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     seqs, _, nqb, maxk = idx.shape
     out = torch.empty_like(q) if out is None else out
     warps = 4 if block * d <= 64 * 128 else 8
-    attend_kernel[(nqb, heads, seqs)](q, k, v, out, cu_seqlens, idx, counts, dense, 1.0 / math.sqrt(d),
-                                      H=heads, G=heads // k.shape[1], NQB=nqb, MAXK=maxk, BLOCK=block, D=d, INTERPRET=INTERPRET,
-                                      num_warps=warps, num_stages=2)
+    attend_kernel[(nqb, heads, seqs)](q, k, v, out, cu_seqlens, idx, counts, dense, 1.0 / math.sqrt(d), total,
+                                      H=heads, G=heads // k.shape[1], NQB=nqb, MAXK=maxk, BLOCK=block, D=d,
+                                      INTERPRET=INTERPRET, num_warps=warps, num_stages=2)
     return out

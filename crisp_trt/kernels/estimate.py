@@ -15,6 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .bounds import seq_bounds
+
 
 @triton.jit
 def _window(q_ptr, start, n, h, sm_scale, H: tl.constexpr, L: tl.constexpr, D: tl.constexpr):
@@ -42,14 +44,13 @@ def _logits(q, k_ptr, start, n, k_pos, r_pos, row_ok, hk, qk_scale, HK: tl.const
 
 
 @triton.jit
-def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_scale, chunk, dense_below,
+def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_scale, chunk, dense_below, total,
                             H: tl.constexpr, G: tl.constexpr, NCH: tl.constexpr, L: tl.constexpr,
                             BLOCK: tl.constexpr, D: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    start = tl.load(cu_ptr + s)
-    n = tl.load(cu_ptr + s + 1) - start
+    start, n = seq_bounds(cu_ptr, s, total, NCH * chunk * BLOCK)
     nb = (n + BLOCK - 1) // BLOCK
     if (n < dense_below) | (c * chunk >= nb):
         return
@@ -73,13 +74,12 @@ def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_sca
 
 @triton.jit
 def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr, vmax_ptr, s_ptr, sm_scale, chunk,
-                         dense_below, H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
+                         dense_below, total, H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
                          L: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    start = tl.load(cu_ptr + s)
-    n = tl.load(cu_ptr + s + 1) - start
+    start, n = seq_bounds(cu_ptr, s, total, NCH * chunk * BLOCK)
     nb = (n + BLOCK - 1) // BLOCK
     if (n < dense_below) | (c * chunk >= nb):
         return
@@ -122,12 +122,12 @@ def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr,
 
 
 @triton.jit
-def slash_reduce_kernel(s_ptr, cu_ptr, ssum_ptr, smax_ptr, dense_below, H: tl.constexpr, NB: tl.constexpr,
+def slash_reduce_kernel(s_ptr, cu_ptr, ssum_ptr, smax_ptr, dense_below, total, H: tl.constexpr, NB: tl.constexpr,
                         RB: tl.constexpr, BLOCK: tl.constexpr):
     g = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    n = tl.load(cu_ptr + s + 1) - tl.load(cu_ptr + s)
+    n = seq_bounds(cu_ptr, s, total, NB * BLOCK)[1]
     nb = (n + BLOCK - 1) // BLOCK
     if (n < dense_below) | (g * RB >= nb):
         return

@@ -93,17 +93,17 @@ class Stages:
         s_mass = torch.zeros(seqs, heads, z.nb * block, dtype=torch.float32, device=q.device)
         warps = 4 if block * self.d <= 64 * 128 else 8
         shape = dict(H=heads, G=heads // self.kv_heads, L=window, BLOCK=block, D=self.d)
-        args = (self.scale, z.chunk, self.dense_below)
+        args = (self.scale, z.chunk, self.dense_below, q.shape[0])
         estimate_partial_kernel[(z.nch, heads, seqs)](q, k, cu, part_m, part_l, *args, NCH=z.nch, **shape,
                                                        num_warps=warps)
         estimate_mass_kernel[(z.nch, heads, seqs)](q, k, cu, part_m, part_l, self.vsum, self.vmax, s_mass, *args,
                                                     NB=z.nb, NCH=z.nch, **shape, num_warps=warps)
-        slash_reduce_kernel[(-(-z.nb // SLASH_ROWS), heads, seqs)](s_mass, cu, self.ssum, self.smax, self.dense_below,
+        slash_reduce_kernel[(-(-z.nb // SLASH_ROWS), heads, seqs)](s_mass, cu, self.ssum, self.smax, *args[2:],
                                                                    H=heads, NB=z.nb, RB=SLASH_ROWS, BLOCK=block)
         self.pooled_q = self._empty(seqs, z.nb, heads, self.d)
         self.pooled_k = self._empty(seqs, z.nb, self.kv_heads, self.d)
-        pool_kernel[(z.nb, heads + self.kv_heads, seqs)](q, k, cu, self.pooled_q, self.pooled_k, self.dense_below,
-                                                         H=heads, HK=self.kv_heads, NB=z.nb, BLOCK=block, D=self.d)
+        pool_kernel[(z.nb, heads + self.kv_heads, seqs)](q, k, cu, self.pooled_q, self.pooled_k, *args[2:], H=heads,
+                                                          HK=self.kv_heads, NB=z.nb, BLOCK=block, D=self.d)
 
     def route(self):
         """Per head: kept columns / distances (maps and lists), C_struct, route; dense flag per sequence."""
@@ -116,8 +116,8 @@ class Stages:
         route_kernel[(heads, seqs)](
             self.vsum, self.vmax, self.ssum, self.smax, self.cu, self.q, self.pooled_k, self.columns, offsets,
             self.distances, self.cols, self.ncols, self.dists, self.ndists, self.c_struct, self.route_, self.dense,
-            self.scale, *self.knobs, cfg.tau, cfg.min_blocks, cfg.max_blocks, self.dense_below, H=heads,
-            G=heads // self.kv_heads, NB=z.nb, L=cfg.window, B=cfg.block_size, D=self.d, SINK=cfg.sink_blocks,
+            self.scale, *self.knobs, cfg.tau, cfg.min_blocks, cfg.max_blocks, self.dense_below, self.q.shape[0],
+            H=heads, G=heads // self.kv_heads, NB=z.nb, L=cfg.window, B=cfg.block_size, D=self.d, SINK=cfg.sink_blocks,
             LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, FLOOR=self.floor, MIN_TOP=cfg.min_blocks > 0,
             JSD=cfg.routing == "jsd", C=min(1024, _pow2(z.nb)), num_warps=4)
 
@@ -130,7 +130,7 @@ class Stages:
         select_kernel[(-(-z.nb // QG), heads, seqs)](
             self.cu, self.route_, self.columns, self.cols, self.ncols, self.dists, self.ndists, self.pooled_q,
             self.pooled_k, scratch, self.idx, self.counts, self.scale, *self.knobs, cfg.min_blocks, cfg.max_blocks,
-            H=heads, G=heads // self.kv_heads, NB=z.nb, MAXK=z.maxk, D=self.d, BLOCK=cfg.block_size,
+            self.q.shape[0], H=heads, G=heads // self.kv_heads, NB=z.nb, MAXK=z.maxk, D=self.d, BLOCK=cfg.block_size,
             SINK=cfg.sink_blocks, LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, MAXCP=_pow2(z.maxc),
             MAXDP=_pow2(z.maxd), FLOOR=self.floor, MIN_TOP=(not self.floor) and cfg.min_blocks > 0,
             SAMPLES=cfg.floor_samples, QG=QG, C=SELECT_CHUNK, num_warps=4)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .bounds import seq_bounds
+
 
 @triton.jit
 def _pool_head(src, dst, start, n, b, s, head, HEADS: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
@@ -22,13 +24,12 @@ def _pool_head(src, dst, start, n, b, s, head, HEADS: tl.constexpr, NB: tl.const
 
 
 @triton.jit
-def pool_kernel(q_ptr, k_ptr, cu_ptr, pq_ptr, pk_ptr, dense_below, H: tl.constexpr, HK: tl.constexpr,
+def pool_kernel(q_ptr, k_ptr, cu_ptr, pq_ptr, pk_ptr, dense_below, total, H: tl.constexpr, HK: tl.constexpr,
                 NB: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
     b = tl.program_id(0)
     j = tl.program_id(1)
     s = tl.program_id(2)
-    start = tl.load(cu_ptr + s)
-    n = tl.load(cu_ptr + s + 1) - start
+    start, n = seq_bounds(cu_ptr, s, total, NB * BLOCK)
     if (n < dense_below) | (b * BLOCK >= n):
         return
     if j < H:

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .bisect import keep_rule, thresholds
+from .bounds import seq_bounds
 
 
 @triton.jit
@@ -105,14 +106,13 @@ def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, 
 @triton.jit
 def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, q_ptr, pk_ptr, keep_c_ptr, keep_o_ptr, keep_d_ptr,
                  cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, cstruct_ptr, route_ptr, dense_ptr,
-                 sm_scale, kappa, quantile, gamma, tau, min_blocks, max_blocks, dense_below,
+                 sm_scale, kappa, quantile, gamma, tau, min_blocks, max_blocks, dense_below, total,
                  H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, L: tl.constexpr, B: tl.constexpr,
                  D: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, MAXC: tl.constexpr, MAXD: tl.constexpr,
                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, JSD: tl.constexpr, C: tl.constexpr):
     h = tl.program_id(0)
     s = tl.program_id(1)
-    start = tl.load(cu_ptr + s)
-    n = tl.load(cu_ptr + s + 1) - start
+    start, n = seq_bounds(cu_ptr, s, total, NB * B)
     HK: tl.constexpr = H // G
     row = s * H + h
     short = n < dense_below

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .bisect import keep_rule, thresholds
+from .bounds import seq_bounds
 
 
 @triton.jit
@@ -112,7 +113,7 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, r
 
 @triton.jit
 def select_kernel(cu_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, pq_ptr, pk_ptr,
-                  scratch_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, min_blocks, max_blocks,
+                  scratch_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, min_blocks, max_blocks, total,
                   H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, MAXK: tl.constexpr, D: tl.constexpr,
                   BLOCK: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, MAXC: tl.constexpr,
                   MAXD: tl.constexpr, MAXCP: tl.constexpr, MAXDP: tl.constexpr, FLOOR: tl.constexpr,
@@ -120,7 +121,7 @@ def select_kernel(cu_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr,
     g = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    n = tl.load(cu_ptr + s + 1) - tl.load(cu_ptr + s)
+    n = seq_bounds(cu_ptr, s, total, NB * BLOCK)[1]
     nb = (n + BLOCK - 1) // BLOCK
     if g * QG >= nb:
         return
