@@ -47,6 +47,9 @@ struct CrispKernelImage
     size_t cubinSize;
 };
 
+//! The longest sequence the cubins accept (scripts/aot_compile.py --max-seqlen): it sets attend's NQB.
+int64_t crispKernelMaxSeqLen() noexcept;
+
 //! The embedded cubins (count = 0 for a build without kernels).
 CrispKernelImage const* crispKernelImages(int32_t& count) noexcept;
 

@@ -256,11 +256,20 @@ bool aligned(void const* p)
 
 } // namespace
 
-CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& p, int64_t maxTokens, int64_t maxBatch) noexcept
+int64_t crispMaxTokens() noexcept
 {
-    auto const tokens = static_cast<size_t>(std::max<int64_t>(maxTokens, 0));
+    return std::min<int64_t>(crispKernelMaxSeqLen(), std::numeric_limits<int32_t>::max());
+}
+
+int64_t crispQueryBlocks(CrispParams const& p) noexcept
+{
+    return (crispKernelMaxSeqLen() + p.blockSize - 1) / p.blockSize;
+}
+
+CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& p, int64_t maxBatch) noexcept
+{
     auto const batch = static_cast<size_t>(std::max<int64_t>(maxBatch, 1));
-    size_t const rows = batch * static_cast<size_t>(p.numHeads) + (tokens + p.blockSize - 1) / p.blockSize;
+    size_t const rows = batch * static_cast<size_t>(p.numHeads) * static_cast<size_t>(crispQueryBlocks(p));
     CrispWorkspaceLayout w{};
     size_t at = 0;
     auto const take = [&at](size_t bytes) {
@@ -284,10 +293,12 @@ int32_t crispLaunchPrefill(CrispLaunchArgs const& a, cudaStream_t stream) noexce
         {
             return 0;
         }
-        if (a.tokens < 0 || a.tokens > std::numeric_limits<int32_t>::max() || a.batch < 1 || a.batch > kMAX_GRID_YZ)
+        int64_t const maxTokens = crispMaxTokens();
+        if (a.tokens < 0 || a.tokens > maxTokens || a.batch < 1 || a.batch > kMAX_GRID_YZ)
         {
-            logError("enqueue: expected 0 < tokens < 2^31 and 1 <= batch <= 65535, got tokens "
-                + std::to_string(a.tokens) + ", batch " + std::to_string(a.batch));
+            logError("enqueue: expected 0 < tokens <= " + std::to_string(maxTokens)
+                + " (the kernels' max_seqlen) and 1 <= batch <= 65535, got tokens " + std::to_string(a.tokens)
+                + ", batch " + std::to_string(a.batch));
             return 1;
         }
         if (!aligned(a.q) || !aligned(a.k) || !aligned(a.v) || !aligned(a.out) || !aligned(a.cuSeqlens)
@@ -301,7 +312,7 @@ int32_t crispLaunchPrefill(CrispLaunchArgs const& a, cudaStream_t stream) noexce
             logWarning("enqueue: estimate/route/select are not embedded yet: every sequence is attended densely "
                        "(exact causal attention with the attend kernel)");
         });
-        CrispWorkspaceLayout const w = crispWorkspaceLayout(p, a.tokens, a.batch);
+        CrispWorkspaceLayout const w = crispWorkspaceLayout(p, a.batch);
         auto* ws = static_cast<char*>(a.workspace);
         // dense[s] = 1 (int32, little-endian: byte 0 of each element), idx = counts = 0.
         cudaError_t status = cudaMemsetAsync(ws, 0, w.total, stream);
@@ -319,9 +330,9 @@ int32_t crispLaunchPrefill(CrispLaunchArgs const& a, cudaStream_t stream) noexce
             pointerArg("o_ptr", a.out), pointerArg("cu_ptr", a.cuSeqlens), pointerArg("idx_ptr", ws + w.idx),
             pointerArg("cnt_ptr", ws + w.counts), pointerArg("dense_ptr", ws + w.dense),
             floatArg("sm_scale", static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headDim)))),
-            intArg("H", p.numHeads), intArg("G", p.numHeads / p.numKvHeads), intArg("NQB", 1), intArg("MAXK", 1),
-            intArg("BLOCK", p.blockSize), intArg("D", p.headDim), pointerArg("global_scratch", nullptr),
-            pointerArg("profile_scratch", nullptr)};
+            intArg("total", a.tokens), intArg("H", p.numHeads), intArg("G", p.numHeads / p.numKvHeads),
+            intArg("NQB", crispQueryBlocks(p)), intArg("MAXK", 1), intArg("BLOCK", p.blockSize), intArg("D", p.headDim),
+            intArg("INTERPRET", 0), pointerArg("global_scratch", nullptr), pointerArg("profile_scratch", nullptr)};
         dim3 const grid(static_cast<uint32_t>(qBlocks), static_cast<uint32_t>(p.numHeads), static_cast<uint32_t>(a.batch));
         return launch("attend", a.bf16, args, grid, stream);
     }

@@ -25,19 +25,25 @@ namespace crisp
 {
 
 //! Byte offsets of attend's inputs inside the plugin workspace (each 256-byte aligned). The dense path lays
-//! idx/counts out with NQB = MAXK = 1 (the constexprs its cubins are built with, scripts/aot_kernels.py):
-//! row (s * numHeads + h) + qb, read by attend but multiplied by 0 while dense[s] = 1.
+//! idx/counts out as attend's [batch, numHeads, NQB, MAXK = 1] with the NQB its cubins are built with
+//! (ceil(crispKernelMaxSeqLen() / blockSize), scripts/aot_kernels.py); attend reads them but multiplies them
+//! by 0 while dense[s] = 1.
 struct CrispWorkspaceLayout
 {
     size_t dense;  //!< int32 [batch]: 1 = attend every causal block of sequence s
-    size_t idx;    //!< int32 [batch * numHeads + qBlocks]: key-block lists
-    size_t counts; //!< int32 [batch * numHeads + qBlocks]: valid entries of each list
+    size_t idx;    //!< int32 [batch, numHeads, NQB]: key-block lists
+    size_t counts; //!< int32 [batch, numHeads, NQB]: valid entries of each list
     size_t total;  //!< bytes of the whole workspace
 };
 
-//! Layout for at most `maxTokens` packed tokens in at most `maxBatch` sequences (qBlocks =
-//! ceil(maxTokens / blockSize) bounds the query blocks of any one sequence).
-CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& params, int64_t maxTokens, int64_t maxBatch) noexcept;
+//! The most packed tokens one enqueue accepts: the embedded kernels' max_seqlen (at most 2^31 - 1).
+int64_t crispMaxTokens() noexcept;
+
+//! attend's NQB: query blocks of the longest sequence the embedded kernels accept.
+int64_t crispQueryBlocks(CrispParams const& params) noexcept;
+
+//! Layout for at most `maxBatch` sequences.
+CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& params, int64_t maxBatch) noexcept;
 
 //! One enqueue's tensors. q/out: [tokens, numHeads, headDim]; k/v: [tokens, numKvHeads, headDim], packed,
 //! contiguous, 16-byte aligned; cuSeqlens: int32 [batch + 1], cuSeqlens[0] = 0, cuSeqlens[batch] = tokens.
@@ -52,11 +58,12 @@ struct CrispLaunchArgs
     void const* v;
     int32_t const* cuSeqlens;
     void* out;
-    void* workspace; //!< crispWorkspaceLayout(*params, tokens, batch).total bytes or more
+    void* workspace; //!< crispWorkspaceLayout(*params, batch).total bytes or more
 };
 
 //! Launch the pipeline on `stream`. Returns 0 on success, else a non-zero status after logging the reason
-//! (no cubin for this device or configuration, misaligned buffers, a load or launch failure).
+//! (more tokens than crispKernelMaxSeqLen(), no cubin for this device or configuration, misaligned buffers,
+//! a load or launch failure).
 int32_t crispLaunchPrefill(CrispLaunchArgs const& args, cudaStream_t stream) noexcept;
 
 } // namespace crisp

@@ -151,6 +151,12 @@ int32_t CrispPrefillAttentionPlugin::configurePlugin(
                  "head_dim, and cu_seqlens [batch + 1]");
         return -1;
     }
+    if (in[0].max.d[0] > crispMaxTokens())
+    {
+        logError("configurePlugin: the profile allows " + std::to_string(in[0].max.d[0]) + " tokens, the kernels "
+            + std::to_string(crispMaxTokens()) + " (rebuild with -DCRISP_TRT_MAX_SEQLEN)");
+        return -1;
+    }
     return 0;
 }
 
@@ -161,7 +167,7 @@ size_t CrispPrefillAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc con
     {
         return 0;
     }
-    return crispWorkspaceLayout(mParams, inputs[0].max.d[0], inputs[kSEQLENS].max.d[0] - 1).total;
+    return crispWorkspaceLayout(mParams, inputs[kSEQLENS].max.d[0] - 1).total;
 }
 
 int32_t CrispPrefillAttentionPlugin::onShapeChange(

@@ -7,8 +7,9 @@ parameters split three ways, read from the kernel itself (`fn.params[i].is_const
 - runtime parameters (pointers, scalars): passed by the plugin at launch, by name;
 - variant constexprs: one cubin per value — dtype (fp16/bf16), BLOCK (64/128), D (64/128/256) and, while
   the kernel declares them constexpr, the head counts H and G (one cubin per (H, G) in `--heads`);
-- fixed constexprs: one value for the plugin, e.g. INTERPRET=False, and NQB = MAXK = 1, the layout of the
-  dense path (the idx/counts rows are read but multiplied by 0 when dense[s] = 1, attend.py).
+- fixed constexprs: one value for the plugin: INTERPRET=False, MAXK=1 (the dense path: idx/counts are read
+  but multiplied by 0 when dense[s] = 1, attend.py) and NQB = ceil(max_seqlen / BLOCK), which caps every
+  sequence at `max_seqlen` tokens (bounds.seq_bounds) and strides the idx/counts rows.
 
 A parameter that a kernel later turns from constexpr into a runtime one simply becomes a runtime
 parameter here (type from `TYPES`), and its variant axis disappears: nothing else changes.
@@ -33,7 +34,7 @@ HEAD_DIMS = (64, 128, 256)
 # takes at run time are int32, as Triton types a Python int below 2**31.
 TYPES = {"q_ptr": "*T", "k_ptr": "*T", "v_ptr": "*T", "o_ptr": "*T", "cu_ptr": "*i32", "idx_ptr": "*i32",
          "cnt_ptr": "*i32", "dense_ptr": "*i32", "sm_scale": "fp32",
-         "H": "i32", "G": "i32", "NQB": "i32", "MAXK": "i32"}
+         "total": "i32", "H": "i32", "G": "i32", "NQB": "i32", "MAXK": "i32"}
 HIDDEN = ("global_scratch", "profile_scratch")  # Triton 3.6's trailing pointer parameters, passed NULL
 
 
@@ -41,7 +42,9 @@ HIDDEN = ("global_scratch", "profile_scratch")  # Triton 3.6's trailing pointer 
 class KernelSpec:
     """One Triton kernel the plugin launches, with its plugin-wide constexprs and launch options."""
     fn: object
-    fixed: dict
+
+    def fixed(self, block: int, max_seqlen: int) -> dict:
+        return {"NQB": -(-max_seqlen // block), "MAXK": 1, "INTERPRET": False}
 
     def options(self, variant: dict) -> dict:
         """num_warps/num_stages the torch launcher (attend.attend) picks for this variant; the test
@@ -55,7 +58,7 @@ class KernelSpec:
         return [p.name for p in self.fn.params if not p.is_constexpr]
 
 
-KERNELS = {"attend": KernelSpec(attend_module.attend_kernel, {"NQB": 1, "MAXK": 1, "INTERPRET": False})}
+KERNELS = {"attend": KernelSpec(attend_module.attend_kernel)}
 
 
 @dataclasses.dataclass
@@ -65,19 +68,19 @@ class Image:
     kernel: str          # the cubin's entry name
     arch: int
     dtype: str
-    constexprs: dict     # variant constexprs baked into this cubin (the plugin matches them)
+    constexprs: dict     # the constexprs baked into this cubin (the plugin matches them by name)
     params: list         # [(name, type)] in launch order, HIDDEN ones last
     num_warps: int
     shared: int
     cubin: bytes
 
 
-def variants(spec: KernelSpec, heads: list[tuple[int, int]]):
+def variants(spec: KernelSpec, heads: list[tuple[int, int]], max_seqlen: int):
     """The variant dicts of `spec`: dtype x BLOCK x D, times `heads` while H/G are constexpr."""
     names = spec.constexpr_names()
     head_axis = heads if {"H", "G"} & set(names) else [None]
     for dtype, block, d, hg in itertools.product(DTYPES, BLOCKS, HEAD_DIMS, head_axis):
-        variant = {"dtype": dtype, "BLOCK": block, "D": d, **spec.fixed}
+        variant = {"dtype": dtype, "BLOCK": block, "D": d, **spec.fixed(block, max_seqlen)}
         if hg is not None:
             variant.update(H=hg[0], G=hg[0] // hg[1])
         yield variant
@@ -108,5 +111,5 @@ def compile_image(stage: str, variant: dict, arch: int) -> Image:
         raise RuntimeError(f"{stage}: PTX entry takes {n_ptx} parameters, expected {len(runtime)} + "
                            f"{len(HIDDEN)} hidden ({runtime})")
     params = [(n, signature[n]) for n in runtime] + [(n, "*i8") for n in HIDDEN]
-    return Image(stage, md.name, arch, variant["dtype"], {n: int(variant[n]) for n in consts if n not in spec.fixed},
+    return Image(stage, md.name, arch, variant["dtype"], {n: int(variant[n]) for n in consts},
                  params, md.num_warps, md.shared, compiled.asm["cubin"])
