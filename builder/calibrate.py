@@ -149,15 +149,10 @@ class _Capture:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-def set_attention(model, name: str) -> None:
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-    else:
-        model.config._attn_implementation = name
-
-
 def capture_qk(model, input_ids: torch.Tensor):
     from transformers import AttentionInterface
+
+    from crisp_trt.models import set_attn_implementation as set_attention
 
     cap = _Capture()
     AttentionInterface.register(_Capture.NAME, cap)

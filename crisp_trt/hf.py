@@ -14,11 +14,14 @@ routes every attention layer through `crisp_attention_forward`:
 * everything else (decode with a KV cache, short prompts, padded batches, chunked prefill) →
   transformers' own `sdpa_attention_forward`, i.e. dense.
 
-The CrispConfig is per model: `set_crisp_config(model, cfg)` stores `cfg.to_dict()` in
-`model.config.crisp_config` (so it also survives `save_pretrained`); each layer reads it from
-`module.config.crisp_config` (attention modules keep a reference to the model config). Without one,
-`CrispConfig()` defaults are used. `crisp_config_of(model)` reads it back. Per-call counters
-(`CALLS["crisp"]`, `CALLS["dense"]`) let tests and benchmarks see which path ran.
+The CrispConfig is per model or per layer: `set_crisp_config(model, cfg)` stores `cfg.to_dict()` (or,
+for a list of configs, one dict per layer: a crisp-build artifact's calibrated kappa/tau) in
+`model.config.crisp_config`, so it also survives `save_pretrained`; each attention module reads it from
+`module.config.crisp_config` (attention modules keep a reference to the model config) and, for a list,
+takes entry `module.layer_idx`. Without one, `CrispConfig()` defaults are used. `crisp_config_of(model,
+layer)` reads it back. Per-call counters (`CALLS["crisp"]`, `CALLS["dense"]`) let tests and benchmarks
+see which path ran. This is the only place that registers CRISP with transformers (crisp_trt.runtime
+uses it too).
 """
 from __future__ import annotations
 
@@ -35,8 +38,10 @@ CALLS: Counter = Counter()
 _CACHE: dict = {}
 
 
-def _config_from(obj) -> CrispConfig:
+def _config_from(obj, layer: int = 0) -> CrispConfig:
     raw = getattr(obj, "crisp_config", None) if obj is not None else None
+    if isinstance(raw, (list, tuple)):
+        raw = raw[layer % len(raw)]
     if raw is None:
         return CrispConfig()
     if isinstance(raw, CrispConfig):
@@ -47,18 +52,27 @@ def _config_from(obj) -> CrispConfig:
     return _CACHE[key]
 
 
-def set_crisp_config(model, cfg: CrispConfig | dict | None) -> None:
-    """Attach a CrispConfig to a model (stored as a dict in model.config.crisp_config); None → defaults."""
-    if isinstance(cfg, dict):
-        cfg = CrispConfig.from_dict(cfg)
-    model.config.crisp_config = None if cfg is None else cfg.to_dict()
+def _as_dict(cfg: CrispConfig | dict) -> dict:
+    return (cfg if isinstance(cfg, CrispConfig) else CrispConfig.from_dict(cfg)).to_dict()
+
+
+def set_crisp_config(model, cfg: CrispConfig | dict | list | None) -> None:
+    """Attach a CrispConfig (or one per layer) to a model as dicts in model.config.crisp_config;
+    None → defaults."""
+    if cfg is None:
+        raw = None
+    elif isinstance(cfg, (list, tuple)):
+        raw = [_as_dict(c) for c in cfg]
+    else:
+        raw = _as_dict(cfg)
+    model.config.crisp_config = raw
     for sub in ("text_config",):  # multimodal wrappers keep the LM config separately
         if hasattr(model.config, sub):
-            setattr(getattr(model.config, sub), "crisp_config", model.config.crisp_config)
+            setattr(getattr(model.config, sub), "crisp_config", raw)
 
 
-def crisp_config_of(model) -> CrispConfig:
-    return _config_from(model.config)
+def crisp_config_of(model, layer: int = 0) -> CrispConfig:
+    return _config_from(model.config, layer)
 
 
 def crisp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -68,7 +82,7 @@ def crisp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     returns (attn_output [B, q, H, d], None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    cfg = _config_from(getattr(module, "config", None))
+    cfg = _config_from(getattr(module, "config", None), getattr(module, "layer_idx", 0) or 0)
     q_len, k_len, d = query.shape[2], key.shape[2], query.shape[-1]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     default_scale = scaling is None or math.isclose(scaling, d ** -0.5, rel_tol=1e-6)

@@ -1,8 +1,9 @@
 """Run a crisp-build torch artifact: `load(DIR)` → a model that generates with CRISP prefill.
 
-HF transformers underneath; prefill attention (query length == key length > 1, one sequence, no
-padding) goes through crisp_trt.crisp_prefill_attention with the artifact's per-layer calibrated
-config; decode steps use SDPA. `crisp-run DIR --prompt ...` prints the completion and the TTFT.
+HF transformers underneath, with crisp_trt.hf's "crisp" attention: prefill (query length == key length,
+no padding) goes through crisp_trt.crisp_prefill_attention with the artifact's per-layer calibrated
+config (hf.set_crisp_config with one config per layer); decode steps use SDPA.
+`crisp-run DIR --prompt ...` prints the completion and the TTFT.
 """
 from __future__ import annotations
 
@@ -13,35 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-ATTN_NAME = "crisp_artifact"
-_LAYER_CONFIGS: dict[int, list] = {}  # id(config) → per-layer CrispConfig list
-
-
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """HF attention function: CRISP for prefill, SDPA for decode. query [B,H,n,d], key/value [B,Hkv,n,d]."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    from .api import crisp_prefill_attention
-
-    configs = _LAYER_CONFIGS.get(id(module.config))
-    n = query.shape[2]
-    padded = attention_mask is not None and attention_mask.dim() == 4 and bool((attention_mask[:, :, -1] < -1).any()) \
-        if attention_mask is not None and attention_mask.dtype != torch.bool else False
-    if configs is None or n <= 1 or key.shape[2] != n or query.shape[0] != 1 or padded:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
-    cfg = configs[getattr(module, "layer_idx", 0) % len(configs)]
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, n, H, d]
-    out = crisp_prefill_attention(q, k, v, config=cfg)
-    return out, None
-
-
-def _register():
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, _attention)
-
 
 @dataclass
 class Generation:
@@ -58,17 +30,19 @@ class CrispModel:
     def __init__(self, model, tokenizer, crisp: dict, attention: str = "crisp"):
         from crisp_trt.builder.artifact import layer_configs
 
+        from .hf import set_crisp_config
+
         self.model, self.tokenizer, self.crisp = model, tokenizer, crisp
         self.layer_configs = layer_configs(crisp)
-        _LAYER_CONFIGS[id(model.config)] = self.layer_configs
+        set_crisp_config(model, self.layer_configs)
         self.set_attention(attention)
 
     def set_attention(self, attention: str) -> None:
         if attention not in ("crisp", "dense"):
             raise ValueError(f"attention={attention!r}: expected 'crisp' or 'dense'")
-        from crisp_trt.builder.calibrate import set_attention
+        from .models import set_attn_implementation
 
-        set_attention(self.model, ATTN_NAME if attention == "crisp" else "sdpa")
+        set_attn_implementation(self.model, "crisp" if attention == "crisp" else "sdpa")
         self.attention = attention
 
     @property
@@ -122,7 +96,6 @@ def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtyp
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json: not a crisp-build artifact (run crisp-build --output {path})")
     crisp = read_crisp(path)
-    _register()
     kwargs = {"attn_implementation": "sdpa"}
     if dtype is not None:
         kwargs["dtype"] = dtype

@@ -6,13 +6,15 @@ import torch
 
 from crisp_trt import CrispConfig
 from crisp_trt.bench import op
-from crisp_trt.bench.cli import main, parse_len
-from crisp_trt.workloads.fit import attention_stats, fit_spec
+from crisp_trt.bench.cli import main
+from crisp_trt.bench.recall import plan_from_masks, plan_recall, sample_rows
+from crisp_trt.builder.cli import parse_length
+from crisp_trt.workloads.fit import fit_at
 from crisp_trt.workloads.synthetic import SyntheticSpec, synthetic_qkv
 
 
 def test_parse_len():
-    assert parse_len("8k") == 8192 and parse_len("1M") == 1 << 20 and parse_len("131072") == 131072
+    assert parse_length("8k") == 8192 and parse_length("1M") == 1 << 20 and parse_length("131072") == 131072
 
 
 def test_op_cli_schema(tmp_path):
@@ -32,17 +34,40 @@ def test_op_cli_schema(tmp_path):
     assert (tmp_path / "op_speedup.png").exists()
 
 
-def test_dense_mask_recall_is_one():
+def test_dense_plan_recall_is_one():
     q, k, _ = synthetic_qkv(256, 4, 2, 64, seed=1)
-    masks = torch.ones(4, 4, 4, dtype=torch.bool).tril()
-    assert op.mass_recall(q[0], k[0], masks, 64) == pytest.approx(1.0, abs=1e-5)
+    full = plan_from_masks([torch.ones(4, 4, 4, dtype=torch.bool).tril()])
+    assert plan_recall(q[0], k[0], full, 64) == pytest.approx(1.0, abs=1e-6)
+    diag_only = plan_from_masks([torch.eye(4, dtype=torch.bool).expand(4, 4, 4)])
+    diag_only.dense[0] = 1  # dense flag: every causal block, whatever the lists say
+    assert plan_recall(q[0], k[0], diag_only, 64) == pytest.approx(1.0, abs=1e-6)
 
 
-def test_fit_moves_toward_target():
-    target = {"sink_share": 0.5, "local_share": 0.3, "top_share": 0.1, "floor": 0.5}
-    spec, got = fit_spec(target, n=256, iters=5, rounds=1)
-    assert isinstance(spec, SyntheticSpec)
-    assert abs(got["sink_share"] - 0.5) < abs(attention_stats(*synthetic_qkv(256, 4, 2, 64)[:2])["sink_share"] - 0.5) + 0.05
+def test_plan_recall_matches_hand_computed_mass():
+    """A known mask (diagonal + sink block for head 0, diagonal only elsewhere) against the mass summed by hand."""
+    n, block, heads = 256, 64, 4
+    q, k, _ = synthetic_qkv(n, heads, 2, 64, seed=2)
+    masks = torch.eye(4, dtype=torch.bool).repeat(heads, 1, 1)
+    masks[0, :, 0] = True
+    got = plan_recall(q[0], k[0], plan_from_masks([masks]), block)
+    rows = sample_rows(n)
+    want = 0.0
+    for h in range(heads):
+        logits = q[0, rows, h] @ k[0, :, h // 2].T / 8.0
+        p = torch.softmax(logits.masked_fill(torch.arange(n)[None] > rows[:, None], float("-inf")), -1)
+        for i, r in enumerate(rows.tolist()):
+            qb = r // block
+            kept = p[i, qb * block:(qb + 1) * block].sum() + (p[i, :block].sum() if h == 0 and qb > 0 else 0)
+            want += float(kept) / len(rows) / heads
+    assert got == pytest.approx(want, abs=1e-6) and got < 0.999
+
+
+def test_fit_at_matches_target_shares():
+    target = {"sink_share": 0.3, "local_share": 0.3, "top_share": 0.15, "floor": 0.3}
+    spec, got = fit_at(target, n=512, iters=6)
+    assert isinstance(spec, SyntheticSpec) and spec.ref_n == 512
+    assert all(abs(got[s] - target[s]) < 0.03 for s in ("sink_share", "local_share", "top_share"))
+    assert abs(got["background_share"] - 0.25) < 0.05
 
 
 def test_accuracy_tiny(tmp_path, monkeypatch):

@@ -154,19 +154,19 @@ def test_runtime_prefill_goes_through_crisp(artifact, monkeypatch):
     """With dense_below=0 a 256-token prompt really runs CRISP in every layer, close to dense."""
     import torch
 
-    import crisp_trt.api as api
-    from crisp_trt import runtime
+    from crisp_trt import hf, runtime
 
     model = runtime.load(artifact)
     calls = []
-    real = api.crisp_prefill_attention
-    monkeypatch.setattr(api, "crisp_prefill_attention", lambda *a, **k: calls.append(k["config"]) or real(*a, **k))
-    model.layer_configs[:] = [c.replace(dense_below=0) for c in model.layer_configs]
+    real = hf.crisp_prefill_attention
+    monkeypatch.setattr(hf, "crisp_prefill_attention", lambda *a, **k: calls.append(k["config"]) or real(*a, **k))
+    configs = [c.replace(dense_below=0) for c in model.layer_configs]
+    hf.set_crisp_config(model.model, configs)
     ids = model.tokenizer(calibration_text(256, 3), return_tensors="pt").input_ids[:, :256]
     with torch.no_grad():
         sparse = model.model(input_ids=ids).logits[0, -1].float()
         model.set_attention("dense")
         dense = model.model(input_ids=ids).logits[0, -1].float()
-    assert len(calls) == 30 and {c.kappa for c in calls} == {c.kappa for c in model.layer_configs}
+    assert len(calls) == 30 and [c.kappa for c in calls] == [c.kappa for c in configs]  # layer i gets config i
     kl = torch.nn.functional.kl_div(sparse.log_softmax(-1), dense.log_softmax(-1), log_target=True, reduction="sum")
     assert float(kl) < 0.5

@@ -57,12 +57,16 @@ def _apply(model, method: str, base: CrispConfig):
 
 def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0), trials=30, methods=METHODS,
                  base: CrispConfig | None = None, kl_positions=16, device=None, model=None, tok=None,
-                 progress=None, perplexity=True):
+                 progress=None, perplexity=True, model_path=None):
+    """Cells per (method, n, depth) and perplexity per (method, n). The model (default: the bundled
+    SmolLM2, or model_path) runs in bf16 on CUDA (the kernels' dtype), fp32 on the CPU."""
     from ..models import load_model
 
     base = base or CrispConfig()
     if model is None:
-        model, tok = load_model(attn_implementation="sdpa", device=device)
+        cuda = device is not None and torch.device(device).type == "cuda"
+        model, tok = load_model(model_path, attn_implementation="sdpa", device=device,
+                                dtype=torch.bfloat16 if cuda else torch.float32)
     dev = next(model.parameters()).device
     text = real_text()
     filler_ids = tok(text, return_tensors="pt").input_ids[0]
@@ -78,8 +82,9 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
                 dense_logp = None
                 for m in ("dense",) + tuple(x for x in methods if x != "dense"):
                     _apply(model, m, base)
+                    keep = max(kl_positions, na + 1)  # logits of the last positions only
                     with torch.no_grad():
-                        logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+                        logp = torch.log_softmax(model(ids, logits_to_keep=keep).logits[0].float(), -1)
                     target = ids[0, -na:]
                     pred = logp[-na - 1:-1]
                     if m == "dense":

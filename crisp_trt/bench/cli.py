@@ -5,14 +5,10 @@ import argparse
 import sys
 
 
-def parse_len(s: str) -> int:
-    s = s.strip().lower()
-    mult = {"k": 1024, "m": 1024 * 1024}.get(s[-1:], 1)
-    return int(float(s[:-1] if mult > 1 else s) * mult)
-
-
 def _lens(s: str):
-    return tuple(parse_len(x) for x in s.split(",") if x)
+    from ..builder.cli import parse_length
+
+    return tuple(parse_length(x) for x in s.split(",") if x)
 
 
 def _config(args):
@@ -51,7 +47,8 @@ def cmd_op(args):
     per_workload = sum(3 if w == "real" else 1 for w in workloads)  # real: 3 captured layers
     with _bar(len(lengths) * len(shapes) * len(methods) * per_workload, "op") as bar:
         rows = op.run_op(lengths=lengths, shapes=shapes, methods=methods, workloads=workloads, repeats=args.repeats,
-                         device=device, base=_config(args), spec=spec, progress=bar, recall_max_n=args.recall_max_n)
+                         device=device, base=_config(args), spec=spec, progress=bar, recall_max_n=args.recall_max_n,
+                         model_path=args.model, on_rows=lambda done: op.write_results(done, args.out, plots=False))
     path = op.write_results(rows, args.out, plots=not args.no_plots)
     for r in rows:
         print(f"{r['workload']:>22} n={r['n']:>8} {r['method']:>12} {r['ms']:10.3f} ms  x{r['speedup_vs_cudnn'] or 0:6.2f}"
@@ -68,7 +65,7 @@ def cmd_accuracy(args):
     with _bar(total, "accuracy") as bar:
         res = accuracy.run_accuracy(lengths=lengths, depths=depths, trials=args.trials, methods=methods,
                                     base=_config(args), device=args.device, progress=bar,
-                                    perplexity=not args.no_perplexity)
+                                    perplexity=not args.no_perplexity, model_path=args.model)
     path = accuracy.write_results(res, args.out, plots=not args.no_plots)
     for c in res["cells"]:
         print(f"{c['method']:>12} n={c['n']:>6} depth={c['depth']:.2f} acc={c['accuracy']:.3f} "
@@ -79,11 +76,9 @@ def cmd_accuracy(args):
 
 
 def cmd_e2e(args):
-    try:
-        from . import e2e
-    except ImportError as exc:
-        raise SystemExit(f"crisp-bench e2e: crisp_trt.bench.e2e is not available ({exc})")
-    return e2e.main(args.rest)
+    from . import e2e
+
+    return e2e.main_from_args(args)
 
 
 def main(argv=None):
@@ -93,7 +88,8 @@ def main(argv=None):
     o.add_argument("--lengths", default="4k,8k,32k,128k", help="comma list, e.g. 4k,8k,128k,1M")
     o.add_argument("--shapes", default="llama3_8b,smollm2", help="llama3_8b (32/8, d=128), smollm2 (9/3, d=64)")
     o.add_argument("--methods", default="dense_cudnn,dense_fa2,crisp,flexprefill,crisp_gamma,crisp_jsd")
-    o.add_argument("--workloads", default="synthetic", help="synthetic and/or real (SmolLM2 Q/K/V, ≤ 8k)")
+    o.add_argument("--workloads", default="synthetic",
+                   help="synthetic (fitted to SmolLM2), synthetic_plain (hand-set spec), real (SmolLM2 Q/K/V, ≤ 8k)")
     o.add_argument("--spec", help="JSON SyntheticSpec (e.g. from crisp_trt.workloads.fit)")
     o.add_argument("--repeats", type=int, default=5)
     o.add_argument("--recall-max-n", type=int, default=16384, help="longest n whose recall is measured")
@@ -106,12 +102,17 @@ def main(argv=None):
     a.add_argument("--no-perplexity", action="store_true")
     a.set_defaults(fn=cmd_accuracy)
     for s in (o, a):
+        s.add_argument("--model", default=None, help="real model: GGUF file or HF directory (default: bundled SmolLM2)")
         s.add_argument("--device", default=None)
         s.add_argument("--config", help="JSON CrispConfig (CrispConfig.to_dict()) as the base config")
         s.add_argument("--out", default="bench/results")
         s.add_argument("--no-plots", action="store_true")
-    e = sub.add_parser("e2e", help="end-to-end (crisp_trt.bench.e2e)")
-    e.add_argument("rest", nargs=argparse.REMAINDER)
+    from .e2e import add_arguments
+
+    e = sub.add_parser("e2e", help="end-to-end TTFT dense vs CRISP on a crisp-build torch artifact",
+                       description="TTFT and prefill tok/s vs prompt length, dense (SDPA) vs CRISP prefill, and "
+                                   "greedy text identity to dense on planted-word retrieval prompts. JSON + PNG.")
+    add_arguments(e)
     e.set_defaults(fn=cmd_e2e)
     args = p.parse_args(argv)
     return args.fn(args)

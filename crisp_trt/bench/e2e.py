@@ -108,23 +108,32 @@ def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "ben
     return result
 
 
-def main(argv=None) -> int:
-    import argparse
+def add_arguments(p) -> None:
+    """The e2e options, shared by `crisp-bench e2e` and `python -m crisp_trt.bench.e2e`."""
+    p.add_argument("artifact", metavar="DIR", help="crisp-build --backend torch output directory")
+    p.add_argument("--lengths", default="2k,4k,8k", help="prompt lengths, e.g. 2k,4k,8k")
+    p.add_argument("--out", default="bench/results", help="directory for e2e.json and e2e.png")
+    p.add_argument("--repeats", type=int, default=5, help="timed prefills per length and attention (median)")
+    p.add_argument("--trials", type=int, default=10, help="retrieval prompts per length for the identity check")
+    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
 
-    from crisp_trt.builder.cli import parse_length
 
-    p = argparse.ArgumentParser(prog="crisp-bench e2e", description=run_e2e.__doc__)
-    p.add_argument("artifact")
-    p.add_argument("--lengths", default="2k,4k,8k")
-    p.add_argument("--out", default="bench/results")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--trials", type=int, default=10)
-    args = p.parse_args(argv)
+def main_from_args(args) -> int:
+    from ..builder.cli import parse_length
+
     res = run_e2e(args.artifact, [parse_length(x) for x in args.lengths.split(",")], args.out, args.repeats,
-                  trials=args.trials)
+                  trials=args.trials, device=args.device)
     for r in res["rows"]:
         print(json.dumps(r))
     return 0
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="crisp-bench e2e", description=run_e2e.__doc__)
+    add_arguments(p)
+    return main_from_args(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -4,17 +4,19 @@ Rows (bench/results/op_latest.json, {"rows": [...]}) have exactly ROW_KEYS. On C
 CUDNN_ATTENTION / FLASH_ATTENTION backends, CUDA-event timing, median of `repeats` after warm-up.
 On CPU (smoke / small sizes): the dense rows time the pure-PyTorch reference (method names kept so the
 schema is the same), CRISP rows time the reference pipeline. routing_ms = estimate+route+select time
-(the reference pipeline measured without its attend step on CPU; on CUDA the kernels' routing stage
-if `crisp_trt.kernels.pipeline.routing_only` exists, else null). recall = dense attention mass inside
-the attended blocks on sampled query rows (masks from the reference selection; lengths above
-`recall_max_n` report null).
+(the reference pipeline without its attend step on CPU; on CUDA `kernels.pipeline.routing_only`).
+recall = dense attention mass inside the attended blocks on sampled query rows (bench.recall): on CUDA
+of the kernels' own Plan at every length, on the CPU of the reference selection up to `recall_max_n`.
+Workloads: "synthetic" (SyntheticSpec fitted to SmolLM2, workloads/README.md), "synthetic_plain" (the
+hand-set SyntheticSpec() defaults), "real" (SmolLM2 Q/K/V of real text, <= 8k); synthetic inputs are
+generated on the benchmark's device.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -22,7 +24,9 @@ import torch
 from .. import reference
 from ..api import crisp_prefill_attention, dense_prefill_attention
 from ..config import CrispConfig, method_config
+from ..workloads.fit import fitted_spec
 from ..workloads.synthetic import SyntheticSpec, synthetic_qkv
+from .recall import plan_from_masks, plan_recall
 
 ROW_KEYS = ("n", "method", "workload", "ms", "speedup_vs_cudnn", "density", "routing_ms", "routing_share",
             "rel_error", "recall", "gpu")
@@ -30,6 +34,7 @@ DENSE = ("dense_cudnn", "dense_fa2")
 SPARSE = ("crisp", "flexprefill", "crisp_gamma", "crisp_jsd")
 METHODS = DENSE + SPARSE
 SHAPES = {"llama3_8b": (32, 8, 128), "smollm2": (9, 3, 64)}
+SYNTHETIC = {"synthetic": fitted_spec, "synthetic_plain": SyntheticSpec}  # fitted to SmolLM2 / hand-set
 
 
 def gpu_name(device) -> str:
@@ -78,88 +83,112 @@ def reference_masks(q, k, cfg: CrispConfig):
     return reference.block_masks(q, k, sel, cfg)
 
 
-def mass_recall(q, k, masks, block: int, rows: int = 64, seed: int = 0) -> float:
-    """Mean over heads and sampled query rows of the dense softmax mass inside the attended blocks."""
-    n, heads, d = q.shape
-    g = torch.Generator().manual_seed(seed)
-    sample = torch.unique(torch.cat([torch.arange(max(n - rows // 2, 0), n),
-                                     torch.randint(0, n, (rows // 2,), generator=g)]))
-    kk = k.repeat_interleave(heads // k.shape[1], dim=1).float()
-    j = torch.arange(n, device=q.device)
-    total = 0.0
-    for h in range(heads):
-        logits = (q[sample.to(q.device), h].float() @ kk[:, h].T) / math.sqrt(d)
-        logits = logits.masked_fill(j[None] > sample.to(q.device)[:, None], float("-inf"))
-        p = torch.softmax(logits, -1)
-        allowed = masks[h].to(q.device)[(sample // block).to(q.device)][:, j // block]
-        total += float((p * allowed).sum(-1).mean())
-    return total / heads
+def method_recall(q, k, cfg: CrispConfig, recall_max_n: int):
+    """Recall of the method's selection (q [1, n, H, d]): on CUDA the kernels' Plan at every length; on
+    the CPU (or before `kernels.pipeline.plan` exists) the reference masks, up to recall_max_n, else None."""
+    n = q.shape[1]
+    if q.is_cuda:
+        try:
+            from ..kernels.pipeline import plan
+        except ImportError:
+            plan = None
+        if plan is not None:
+            cu = torch.tensor([0, n], dtype=torch.int32, device=q.device)
+            return plan_recall(q[0], k[0], plan(q[0], k[0], cu, n, cfg), cfg.block_size)
+    if n > recall_max_n:
+        return None
+    qc, kc = q[0].float().cpu(), k[0].float().cpu()
+    return plan_recall(qc, kc, plan_from_masks([reference_masks(qc, kc, cfg)]), cfg.block_size)
 
 
 def run_op(lengths=(512, 1024), shapes=("smollm2",), methods=METHODS, workloads=("synthetic",), repeats=5,
            device="cpu", dtype=None, base: CrispConfig | None = None, recall_max_n: int = 16384,
-           spec: SyntheticSpec | None = None, progress=None, real_layers=(0, 15, 29)):
-    """Benchmark rows (list of dicts with ROW_KEYS)."""
+           spec: SyntheticSpec | None = None, progress=None, real_layers=(0, 15, 29), model_path=None,
+           on_rows=None):
+    """Benchmark rows (list of dicts with ROW_KEYS), in (workload, shape, n) order. Dense timings are
+    measured once per (shape, n) and shared by the workloads (they do not depend on the values); a
+    method that raises is reported on stderr and skipped; on_rows(rows) is called after every input."""
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     base = base or CrispConfig()
-    rows = []
+    rows, dense_ms = [], {}
     gpu = gpu_name(device)
-    jobs = [(n, s, w) for w in workloads for s in shapes for n in lengths]
-    for n, shape, workload in jobs:
-        inputs = _inputs(workload, shape, n, spec, device, dtype, real_layers)
-        for wname, (q, k, v) in inputs:
-            ref = dense_prefill_attention(q, k, v).float()
-            cudnn_ms = None
-            for method in methods:
-                if method in DENSE:
-                    if not q.is_cuda and method == "dense_fa2":
-                        ms = cudnn_ms if cudnn_ms is not None else median_ms(dense_fn(method, q, k, v), repeats, device)
-                    else:
-                        ms = median_ms(dense_fn(method, q, k, v), repeats, device)
-                    if method == "dense_cudnn":
-                        cudnn_ms = ms
-                    row = dict(n=n, method=method, workload=wname, ms=ms, density=1.0, routing_ms=0.0,
-                               routing_share=0.0, rel_error=0.0, recall=1.0, gpu=gpu)
-                else:
-                    cfg = method_config(method, base)
-                    ms = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), repeats, device)
-                    out, st = crisp_prefill_attention(q, k, v, config=cfg, return_stats=True)
-                    rel = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
-                    routing_ms = _routing_ms(q, k, cfg, repeats, device)
-                    recall = None
-                    if n <= recall_max_n:
-                        qc, kc = q[0].float().cpu(), k[0].float().cpu()
-                        recall = mass_recall(qc, kc, reference_masks(qc, kc, cfg), cfg.block_size)
-                    row = dict(n=n, method=method, workload=wname, ms=ms, density=st.mean_density,
-                               routing_ms=routing_ms, routing_share=None if routing_ms is None else routing_ms / ms,
-                               rel_error=rel, recall=recall, gpu=gpu)
-                rows.append(row)
-                if progress is not None:
-                    progress.update(1)
-        for row in rows:
-            if row["workload"] in [w for w, _ in inputs] and row["n"] == n:
-                base_ms = next((r["ms"] for r in rows if r["n"] == n and r["workload"] == row["workload"]
-                                and r["method"] == "dense_cudnn"), None)
-                row["speedup_vs_cudnn"] = None if base_ms is None else base_ms / row["ms"]
-    return [{key: r.get(key) for key in ROW_KEYS} for r in rows]
+    real = _RealSource(model_path, real_layers) if "real" in workloads else None
+    for workload in workloads:
+        for shape in shapes:
+            for n in lengths:
+                inputs = real(n, device, dtype) if workload == "real" else \
+                    [_synthetic(workload, shape, n, spec, device, dtype)]
+                for wname, (q, k, v) in inputs:
+                    group = _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gpu,
+                                     dense_ms.setdefault((shape if workload != "real" else wname, n), {}),
+                                     progress)
+                    rows += [{key: r.get(key) for key in ROW_KEYS} for r in group]
+                    del q, k, v
+                    if on_rows is not None:
+                        on_rows(rows)
+    return rows
 
 
-def _inputs(workload, shape, n, spec, device, dtype, real_layers):
+def _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gpu, dense_ms, progress):
+    ref = dense_prefill_attention(q, k, v).float()
+    group = []
+    for method in methods:
+        try:
+            if method in DENSE:
+                if method not in dense_ms:
+                    same = not q.is_cuda and method == "dense_fa2" and "dense_cudnn" in dense_ms
+                    dense_ms[method] = dense_ms["dense_cudnn"] if same else \
+                        median_ms(dense_fn(method, q, k, v), repeats, device)
+                group.append(dict(n=n, method=method, workload=wname, ms=dense_ms[method], density=1.0,
+                                  routing_ms=0.0, routing_share=0.0, rel_error=0.0, recall=1.0, gpu=gpu))
+            else:
+                cfg = method_config(method, base)
+                ms = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), repeats, device)
+                out, st = crisp_prefill_attention(q, k, v, config=cfg, return_stats=True)
+                rel = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+                routing_ms = _routing_ms(q, k, cfg, repeats, device)
+                group.append(dict(n=n, method=method, workload=wname, ms=ms, density=st.mean_density,
+                                  routing_ms=routing_ms,
+                                  routing_share=None if routing_ms is None else routing_ms / ms,
+                                  rel_error=rel, recall=method_recall(q, k, cfg, recall_max_n), gpu=gpu))
+        except Exception as exc:  # one broken method must not cost the other rows
+            print(f"crisp-bench op: {wname} n={n} {method} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if progress is not None:
+            progress.update(1)
+    base_ms = dense_ms.get("dense_cudnn")
+    for row in group:
+        row["speedup_vs_cudnn"] = None if base_ms is None else base_ms / row["ms"]
+    return group
+
+
+def _synthetic(workload, shape, n, spec, device, dtype):
     heads, kv, d = SHAPES[shape]
-    if workload == "synthetic":
-        q, k, v = synthetic_qkv(n, heads, kv, d, spec=spec or SyntheticSpec(), seed=n, device=device, dtype=dtype)
-        return [(f"synthetic_{shape}", (q, k, v))]
-    from ..workloads.real import capture_qkv
+    spec = spec or SYNTHETIC[workload]()
+    return f"{workload}_{shape}", synthetic_qkv(n, heads, kv, d, spec=spec, seed=n, device=device, dtype=dtype)
 
-    grabbed = capture_qkv(n, layers=real_layers)
-    return [(f"real_smollm2_L{layer}", tuple(t.to(device=device, dtype=dtype) for t in grabbed[layer]))
-            for layer in sorted(grabbed)]
+
+class _RealSource:
+    """Real SmolLM2 Q/K/V (workloads.real.capture_qkv), the model loaded once for every length."""
+
+    def __init__(self, model_path, layers):
+        self.model_path, self.layers, self.model = model_path, layers, None
+
+    def __call__(self, n, device, dtype):
+        from ..models import load_model
+        from ..workloads.real import capture_qkv
+
+        if self.model is None:
+            self.model = load_model(self.model_path, attn_implementation="sdpa", device=device,
+                                    dtype=dtype if torch.device(device).type == "cuda" else torch.float32)
+        grabbed = capture_qkv(n, layers=self.layers, model=self.model[0], tok=self.model[1])
+        return [(f"real_smollm2_L{layer}", tuple(t.to(device=device, dtype=dtype) for t in grabbed[layer]))
+                for layer in sorted(grabbed)]
 
 
 def _routing_ms(q, k, cfg, repeats, device):
     if q.is_cuda:
         try:
-            from ..kernels.pipeline import routing_only  # provided by the kernel engineer, if at all
+            from ..kernels.pipeline import routing_only
         except ImportError:
             return None
         return median_ms(lambda: routing_only(q, k, cfg), repeats, device)

@@ -2,39 +2,49 @@
 
 Statistics (`attention_stats`), per head over the last `rows` query rows of the exact causal softmax,
 then averaged over heads:
-  sink_share   mass on the first `sink` keys;
-  local_share  mass on keys within `local` tokens before the query (excluding the sink);
-  top_share    mass on the top-`columns` other key positions (by mean column mass over the rows);
-  floor        median / mean mass of the remaining keys (1.0 = exactly uniform noise; lower = a more
-               spread-out background), scale-free so it does not depend on the shares above;
-  floor_abs    median mass of a remaining key times the row length (the absolute noise level).
-`fit_spec(target)` searches the SyntheticSpec logits (sink_logit, local_logit, column_logit) by
-coordinate-wise bisection on a log scale so that the synthetic stats at the measurement length match
-the target shares; the background noise is set from the measured floor (a lower floor ↔ a wider
-spread of background logits). Because the logits, not the shares, are fitted, the generator keeps
-the same per-token structure when it is run at 8k→1M: the shares then drift the way a real model's
-would if its per-token logits stayed fixed (sink and retrieval mass shrink ∝ log-odds vs n).
+  sink_share        mass on the first `sink` keys;
+  local_share       mass on keys within `local` tokens before the query (excluding the sink);
+  top_share         mass on the top-`columns` other key positions (by mean column mass over the rows);
+  background_share  the rest, 1 − the three above;
+  floor             median / mean mass of the remaining keys (1.0 = exactly uniform noise; lower = a
+                    heavier-tailed background), scale-free so it does not depend on the shares above;
+  floor_abs         median mass of a remaining key times the row length (the absolute noise level).
+`fit_at(target, n)` solves for (sink_logit, local_logit, column_logit, noise) at one length by a
+fixed-point iteration in log-share space: each structure's logit moves by log(target/got) of its share
+relative to the background's (exact if a structure's share were A·e^logit / Z), and the noise by the
+lognormal relation floor ≈ exp(−σ²/2). `fit_length_law` fits every measured length and regresses the
+parameters on log2 n, which gives the spec's `*_per_doubling` trend: real attention keeps its shares
+roughly constant with length (the sink / local / retrieval logits grow as the background grows), and a
+spec fitted at one length with fixed logits would instead drown in background at 512k. Run
+`python -m crisp_trt.workloads.fit` to re-measure SmolLM2 and rewrite fitted_smollm2.json.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import asdict, replace
 
 import torch
 
 from .synthetic import SyntheticSpec, synthetic_qkv
 
+FITTED_PATH = os.path.join(os.path.dirname(__file__), "fitted_smollm2.json")
+SHARES = ("sink_share", "local_share", "top_share")
+_KNOBS = dict(zip(SHARES, ("sink_logit", "local_logit", "column_logit")))
+TOLERANCE = {"share_abs": 0.03, "floor_rel": 0.3}  # per-length |synthetic − real| bounds the fit must meet
+
 
 def attention_stats(q, k, *, rows: int = 64, sink: int = 4, local: int = 64, columns: int = 16) -> dict:
-    """q [1 or n.., n, H, d] / [n, H, d], k likewise with H_kv heads → dict of mean shares and floor."""
+    """q [1, n, H, d] / [n, H, d], k likewise with H_kv heads → dict of mean shares and floor."""
     if q.dim() == 4:
         q, k = q[0], k[0]
     n, heads, d = q.shape
     kk = k.float().repeat_interleave(heads // k.shape[1], dim=1)
     rows = min(rows, n)
-    qi = torch.arange(n - rows, n)
+    qi = torch.arange(n - rows, n, device=q.device)
     out = {"sink_share": 0.0, "local_share": 0.0, "top_share": 0.0, "floor": 0.0, "floor_abs": 0.0}
-    j = torch.arange(n)
+    j = torch.arange(n, device=q.device)
     for h in range(heads):
         logits = (q[n - rows:, h].float() @ kk[:, h].T) / math.sqrt(d)
         logits = logits.masked_fill(j[None, :] > qi[:, None], float("-inf"))
@@ -43,9 +53,8 @@ def attention_stats(q, k, *, rows: int = 64, sink: int = 4, local: int = 64, col
         is_local = (qi[:, None] - j[None, :] < local) & (j[None, :] <= qi[:, None]) & ~is_sink
         rest = ~(is_sink | is_local) & (j[None, :] <= qi[:, None])
         col = (p * rest).mean(0)
-        top = torch.topk(col, min(columns, n)).indices
-        is_top = torch.zeros(n, dtype=torch.bool)
-        is_top[top] = True
+        is_top = torch.zeros(n, dtype=torch.bool, device=q.device)
+        is_top[torch.topk(col, min(columns, n)).indices] = True
         out["sink_share"] += float((p * is_sink).sum(1).mean())
         out["local_share"] += float((p * is_local).sum(1).mean())
         out["top_share"] += float((p * (rest & is_top[None])).sum(1).mean())
@@ -53,47 +62,100 @@ def attention_stats(q, k, *, rows: int = 64, sink: int = 4, local: int = 64, col
         if remaining.numel():
             out["floor"] += float(remaining.median() / remaining.mean().clamp_min(1e-30))
             out["floor_abs"] += float(remaining.median() * n)
-    return {key: val / heads for key, val in out.items()}
+    out = {key: val / heads for key, val in out.items()}
+    out["background_share"] = max(1.0 - sum(out[s] for s in SHARES), 0.0)
+    return out
 
 
 def synthetic_stats(spec: SyntheticSpec, n: int, heads: int = 4, kv_heads: int = 2, head_dim: int = 64,
-                    seed: int = 0, **kw) -> dict:
-    q, k, _ = synthetic_qkv(n, heads, kv_heads, head_dim, spec=spec, seed=seed)
-    return attention_stats(q, k, sink=spec.sink, local=spec.local_width, columns=spec.columns, **kw)
+                    seeds=(0, 1), **kw) -> dict:
+    """attention_stats of the synthetic workload at length n, averaged over `seeds`."""
+    runs = []
+    for seed in seeds:
+        q, k, _ = synthetic_qkv(n, heads, kv_heads, head_dim, spec=spec, seed=seed)
+        runs.append(attention_stats(q, k, sink=spec.sink, local=spec.local_width, columns=spec.columns, **kw))
+    return {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]}
 
 
-_KNOBS = (("sink_logit", "sink_share"), ("local_logit", "local_share"), ("column_logit", "top_share"))
-
-
-def fit_spec(target: dict, n: int = 1024, base: SyntheticSpec = SyntheticSpec(), iters: int = 8,
-             rounds: int = 3, head_dim: int = 64) -> tuple[SyntheticSpec, dict]:
-    """SyntheticSpec whose stats at length n match target's sink/local/top shares; returns (spec, stats)."""
-    spec = base
-    if target.get("floor"):
-        # floor ≈ exp(-σ²/2) for lognormal background weights with logit std σ (median / mean)
-        sigma = math.sqrt(max(-2 * math.log(min(max(target["floor"], 1e-3), 0.999)), 0.0))
-        spec = replace(spec, noise=max(sigma, 0.05))
-    for _ in range(rounds):
-        for knob, stat in _KNOBS:
-            lo, hi = 0.0, 24.0
-            for _ in range(iters):
-                mid = 0.5 * (lo + hi)
-                got = synthetic_stats(replace(spec, **{knob: mid}), n, head_dim=head_dim)[stat]
-                lo, hi = (mid, hi) if got < target[stat] else (lo, mid)
-            spec = replace(spec, **{knob: 0.5 * (lo + hi)})
+def fit_at(target: dict, n: int, start: SyntheticSpec = SyntheticSpec(), iters: int = 10,
+           head_dim: int = 64) -> tuple[SyntheticSpec, dict]:
+    """Spec (ref_n = n, no trend) whose stats at length n match target's shares and floor; (spec, stats)."""
+    spec = replace(start.at(n), ref_n=n)
+    bg = max(target.get("background_share", 1.0 - sum(target[s] for s in SHARES)), 1e-3)
+    for _ in range(iters):
+        got = synthetic_stats(spec, n, head_dim=head_dim)
+        gbg = max(got["background_share"], 1e-4)
+        moves = {}
+        for share, knob in _KNOBS.items():
+            step = math.log(max(target[share], 1e-4) / max(got[share], 1e-4)) - math.log(bg / gbg)
+            moves[knob] = max(getattr(spec, knob) + max(min(step, 3.0), -3.0), 0.0)
+        ratio = math.log(min(max(target["floor"], 1e-3), 0.999)) / math.log(min(max(got["floor"], 1e-3), 0.999))
+        moves["noise"] = min(max(spec.noise * math.sqrt(max(min(ratio, 4.0), 0.25)), 0.05), 6.0)
+        spec = replace(spec, **moves)
     return spec, synthetic_stats(spec, n, head_dim=head_dim)
 
 
-FITTED_PATH = __import__("os").path.join(__import__("os").path.dirname(__file__), "fitted_smollm2.json")
+def fit_length_law(targets: dict[int, dict], ref_n: int = 1024, head_dim: int = 64) -> tuple[SyntheticSpec, dict]:
+    """Fit every length of targets {n: stats}, regress each parameter on log2(n / ref_n); returns
+    (spec with ref_n and *_per_doubling, {n: stats of that spec at n})."""
+    fits, start = {}, SyntheticSpec()
+    for n in sorted(targets):
+        start, _ = fit_at(targets[n], n, start, head_dim=head_dim)
+        fits[n] = start
+    xs = [math.log2(n / ref_n) for n in fits]
+    mx = sum(xs) / len(xs)
+    law = {}
+    for knob, trend in (("sink_logit", "sink_per_doubling"), ("local_logit", "local_per_doubling"),
+                        ("column_logit", "column_per_doubling"), ("noise", "noise_per_doubling")):
+        ys = [getattr(s, knob) for s in fits.values()]
+        my = sum(ys) / len(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+        law[knob], law[trend] = my - slope * mx, slope
+    spec = replace(SyntheticSpec(), ref_n=ref_n, **law)
+    return spec, {n: synthetic_stats(spec, n, head_dim=head_dim) for n in targets}
+
+
+def within_tolerance(real: dict, synth: dict) -> bool:
+    shares = SHARES + ("background_share",)
+    return (all(abs(real[s] - synth[s]) <= TOLERANCE["share_abs"] for s in shares)
+            and abs(synth["floor"] / real["floor"] - 1) <= TOLERANCE["floor_rel"])
+
+
+def measure_real(lengths=(1024, 2048, 4096, 8192), layers=(0, 5, 10, 15, 20, 25, 29)) -> dict[int, dict]:
+    """{n: attention_stats averaged over layers} of SmolLM2 on real text. One capture at max(lengths):
+    the model is causal, so the first n tokens' Q/K are those of a length-n run on the same text."""
+    from .real import capture_qkv
+
+    grabbed = capture_qkv(max(lengths), layers=layers)
+    out = {}
+    for n in lengths:
+        per = [attention_stats(q[0, :n], k[0, :n]) for q, k, _ in grabbed.values()]
+        out[n] = {key: sum(p[key] for p in per) / len(per) for key in per[0]}
+    return out
 
 
 def fitted_spec() -> SyntheticSpec:
     """The SyntheticSpec fitted to SmolLM2 real-text statistics (crisp_trt/workloads/fitted_smollm2.json)."""
-    import json
-
     with open(FITTED_PATH) as f:
         return SyntheticSpec(**json.load(f)["spec"])
 
 
-def spec_to_dict(spec: SyntheticSpec) -> dict:
-    return asdict(spec)
+def main() -> None:
+    real = measure_real()
+    spec, synth = fit_length_law(real)
+    record = {
+        "source": "SmolLM2-135M-Instruct Q4_1 GGUF, post-RoPE Q/K, first n tokens of /usr/share/common-licenses "
+                  "(Debian base-files), last 64 query rows, layers 0,5,10,15,20,25,29, all 9 heads, mean over layers",
+        "tolerance": TOLERANCE, "spec": asdict(spec),
+        "lengths": {str(n): {"real": real[n], "synthetic": synth[n], "within_tolerance": within_tolerance(real[n], synth[n])}
+                    for n in real},
+    }
+    with open(FITTED_PATH, "w") as f:
+        json.dump(record, f, indent=1)
+    for n in real:
+        print(n, " ".join(f"{key} {real[n][key]:.3f}/{synth[n][key]:.3f}" for key in SHARES + ("background_share", "floor")))
+
+
+if __name__ == "__main__":
+    main()

@@ -6,12 +6,14 @@ Logits q_i·k_j/√d are built from separate feature groups so each structure ha
   columns     `columns` planted key positions per kv head read by every query (`column_logit`);
   local       positional cos/sin features whose sum peaks at i - j = 0 (width ~ `local_width` tokens);
   slashes     positional features periodic in i - j with period `slash_period` (`slash_logit`).
-The defaults are placeholders to be fitted to real-model statistics (crisp_trt.workloads.fit).
+Length law: the logits and the noise are given at `ref_n` tokens and change by `*_per_doubling` for
+each doubling of n (linear in log2 n), so a spec fitted at 1k-8k (crisp_trt.workloads.fit) keeps the
+measured trend at 8k-1M. The defaults (no trend) are hand-set; `fit.fitted_spec()` is the realistic one.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,6 +29,20 @@ class SyntheticSpec:
     slash_period: int = 0
     slash_logit: float = 0.0
     noise: float = 1.0
+    ref_n: int = 1024
+    sink_per_doubling: float = 0.0
+    local_per_doubling: float = 0.0
+    column_per_doubling: float = 0.0
+    noise_per_doubling: float = 0.0
+
+    def at(self, n: int) -> "SyntheticSpec":
+        """The spec's logits and noise at length n (the length law applied; trends then zeroed)."""
+        t = math.log2(max(n, 1) / self.ref_n)
+        return replace(self, ref_n=n, sink_logit=max(self.sink_logit + t * self.sink_per_doubling, 0.0),
+                       local_logit=max(self.local_logit + t * self.local_per_doubling, 0.0),
+                       column_logit=max(self.column_logit + t * self.column_per_doubling, 0.0),
+                       noise=max(self.noise + t * self.noise_per_doubling, 0.05), sink_per_doubling=0.0,
+                       local_per_doubling=0.0, column_per_doubling=0.0, noise_per_doubling=0.0)
 
 
 def _positional(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -36,41 +52,47 @@ def _positional(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 def synthetic_qkv(n: int, heads: int, kv_heads: int, head_dim: int, *, spec: SyntheticSpec = SyntheticSpec(),
                   seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu", batch: int = 1):
-    """q [batch, n, H, d], k, v [batch, n, H_kv, d] with the structure of `spec` (deterministic in seed)."""
+    """q [batch, n, H, d], k, v [batch, n, H_kv, d] with the structure of `spec`.
+
+    Generated on `device` with a generator of that device (a 512k Llama-shaped input takes seconds on a
+    GPU, minutes on a CPU), so the values are deterministic in (seed, device), not across devices."""
     if head_dim < 32:
         raise ValueError(f"head_dim={head_dim}: expected >= 32 for the synthetic feature layout")
-    g = torch.Generator().manual_seed(seed)
+    spec = spec.at(n)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
     d = head_dim
     scale = math.sqrt(d)
     n_loc = 8
     n_sl = 4 if spec.slash_period else 0
     n_bg = d - 2 - 2 * n_loc - 2 * n_sl
-    pos = torch.arange(n)
-    q = torch.zeros(batch, n, heads, d)
-    k = torch.zeros(batch, n, kv_heads, d)
+    pos = torch.arange(n, device=device)
+    q = torch.zeros(batch, n, heads, d, device=device)
+    k = torch.zeros(batch, n, kv_heads, d, device=device)
     # background: logit std = noise
     bg_std = math.sqrt(spec.noise * scale / math.sqrt(n_bg))
-    q[..., :n_bg] = torch.randn(batch, n, heads, n_bg, generator=g) * bg_std
-    k[..., :n_bg] = torch.randn(batch, n, kv_heads, n_bg, generator=g) * bg_std
-    # sink (dim n_bg) and planted columns (dim n_bg + 1)
+    q[..., :n_bg] = torch.randn(batch, n, heads, n_bg, generator=g, device=device) * bg_std
+    k[..., :n_bg] = torch.randn(batch, n, kv_heads, n_bg, generator=g, device=device) * bg_std
+    # sink (dim n_bg) and planted columns (dim n_bg + 1): `columns` distinct positions >= sink per kv head
     q[..., n_bg] = math.sqrt(spec.sink_logit * scale)
     k[:, : spec.sink, :, n_bg] = math.sqrt(spec.sink_logit * scale)
     q[..., n_bg + 1] = math.sqrt(spec.column_logit * scale)
-    for b in range(batch):
-        for h in range(kv_heads):
-            cols = torch.randperm(max(n - spec.sink, 1), generator=g)[: spec.columns] + spec.sink
-            k[b, cols.clamp_max(n - 1), h, n_bg + 1] = math.sqrt(spec.column_logit * scale)
+    free = max(n - spec.sink, 1)
+    cols = torch.rand(batch, kv_heads, free, generator=g, device=device).topk(min(spec.columns, free), -1).indices
+    cols = (cols + spec.sink).clamp_max(n - 1)
+    col_feat = k[..., n_bg + 1].transpose(1, 2)  # [batch, H_kv, n] view
+    col_feat.scatter_(-1, cols, math.sqrt(spec.column_logit * scale))
     # local: sum of cosines of i - j, frequencies up to ~ 1 / local_width
     off = n_bg + 2
-    freqs = torch.linspace(0.2, 1.0, n_loc) * (math.pi / max(spec.local_width, 1))
+    freqs = torch.linspace(0.2, 1.0, n_loc, device=device) * (math.pi / max(spec.local_width, 1))
     feat = _positional(pos, freqs) * math.sqrt(spec.local_logit * scale / n_loc)
     q[..., off: off + 2 * n_loc] = feat[None, :, None, :]
     k[..., off: off + 2 * n_loc] = feat[None, :, None, :]
     if n_sl:
         off += 2 * n_loc
-        freqs = 2 * math.pi * torch.arange(1, n_sl + 1) / spec.slash_period
+        freqs = 2 * math.pi * torch.arange(1, n_sl + 1, device=device) / spec.slash_period
         feat = _positional(pos, freqs) * math.sqrt(spec.slash_logit * scale / n_sl)
         q[..., off: off + 2 * n_sl] = feat[None, :, None, :]
         k[..., off: off + 2 * n_sl] = feat[None, :, None, :]
-    v = torch.randn(batch, n, kv_heads, d, generator=g)
-    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
+    v = torch.randn(batch, n, kv_heads, d, generator=g, device=device)
+    return tuple(t.to(dtype=dtype) for t in (q, k, v))
