@@ -4,7 +4,9 @@ Python-side field tests always run. The native tests build libcrisp_trt_plugin.s
 scripts/build_plugin.sh where TensorRT headers exist ($TensorRT_ROOT or third_party/TensorRT) and drive it
 through the lean runtime's plugin registry (tensorrt-lean-cu13-libs) with plugin/tests/crispPluginCheck.cpp:
 creator lookup, creation, clone, serialisation round trips, malformed collections, a fuzz, and the same
-under AddressSanitizer/UBSan with leak detection. No GPU needed.
+under AddressSanitizer/UBSan with leak detection. No GPU needed. The AOT tests compile a kernel variant
+(scripts/aot_kernels.py) and its generated C++ table on the CPU. The GPU tests drive enqueue on CUDA buffers
+(plugin/tests/crispPluginHarness.cpp via scripts/aot_harness.py) and compare with crisp_prefill_attention.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +26,7 @@ from crisp_trt import plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ_COLLECTIONS = 10_000
+sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def _headers() -> Path | None:
@@ -57,12 +61,12 @@ def _build(name: str, *cmake_args: str) -> Path:
 
 @pytest.fixture(scope="session")
 def built() -> Path:
-    return _build("plugin")
+    return _build("plugin", "-DCRISP_TRT_CUDA_ARCHITECTURES=90")
 
 
 @pytest.fixture(scope="session")
 def built_asan() -> Path:
-    return _build("plugin-asan", "-DCRISP_TRT_SANITIZE=ON")
+    return _build("plugin-asan", "-DCRISP_TRT_SANITIZE=ON", "-DCRISP_TRT_CUDA_ARCHITECTURES=none")
 
 
 def _check(build: Path, runtime: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -213,3 +217,103 @@ def test_sanitizers_clean(built_asan, lean_runtime, args):
     run = _check(built_asan, lean_runtime, *args, env=env)
     report = run.stdout + run.stderr
     assert run.returncode == 0 and "Sanitizer" not in report and " 0 failures" in report, report
+
+
+# --- AOT: the kernels compiled ahead of time (CPU) ---------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def aot_image(tmp_path_factory):
+    """One attend variant compiled for sm_90, in a process without TRITON_INTERPRET (conftest sets it on CPU,
+    and the interpreter's kernels cannot be compiled)."""
+    import pickle
+    path = tmp_path_factory.mktemp("aot") / "image.pickle"
+    code = ("import pickle, sys, aot_kernels as a; v = next(a.variants(a.KERNELS['attend'], [(9, 3)], 8192)); "
+            "pickle.dump(a.compile_image('attend', v, 90), open(sys.argv[1], 'wb'))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])
+    run = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return pickle.loads(path.read_bytes())
+
+
+def test_aot_image_matches_the_launch_contract(aot_image):
+    assert aot_image.cubin[:4] == b"\x7fELF" and aot_image.kernel == "attend_kernel" and aot_image.shared > 0
+    names = [name for name, _ in aot_image.params]
+    assert names[-2:] == ["global_scratch", "profile_scratch"] and names[0] == "q_ptr"
+    assert aot_image.constexprs["NQB"] == 8192 // aot_image.constexprs["BLOCK"]
+    assert aot_image.constexprs["MAXK"] == 1 and aot_image.constexprs["INTERPRET"] == 0
+
+
+@pytest.mark.parametrize("block,d", [(64, 64), (64, 256), (128, 128), (128, 64)])
+def test_aot_options_match_the_torch_launcher(aot_image, monkeypatch, block, d):
+    """The cubins are built with the num_warps/num_stages and constexpr names attend.attend launches with."""
+    import aot_kernels
+    import torch
+    from crisp_trt.kernels import attend as attend_module
+    spec = aot_kernels.KERNELS["attend"]
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(kwargs)
+
+    monkeypatch.setattr(attend_module, "attend_kernel", Recorder())
+    q = torch.zeros(block, 2, d, dtype=torch.float16)
+    idx, counts = torch.zeros(1, 2, 1, 1, dtype=torch.int32), torch.zeros(1, 2, 1, dtype=torch.int32)
+    attend_module.attend(q, q[:, :1], q[:, :1], torch.tensor([0, block], dtype=torch.int32), idx, counts,
+                         torch.ones(1, dtype=torch.int32), block)
+    variant = {"BLOCK": block, "D": d}
+    assert {k: seen[k] for k in ("num_warps", "num_stages")} == spec.options(variant)
+    assert set(aot_image.constexprs) == set(seen) - {"num_warps", "num_stages"}
+
+
+def test_aot_generated_table_compiles(aot_image, tmp_path):
+    import aot_compile
+    cubin = tmp_path / "attend.cubin"
+    cubin.write_bytes(aot_image.cubin)
+    for name, images in (("one.cpp", [aot_image]), ("empty.cpp", [])):
+        (tmp_path / name).write_text(aot_compile.render(images, [cubin.resolve()], 8192))
+        run = subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-c", "-I", str(ROOT / "plugin"),
+                              str(tmp_path / name), "-o", str(tmp_path / (name + ".o"))], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+    symbols = subprocess.run(["nm", str(tmp_path / "one.cpp.o")], capture_output=True, text=True).stdout
+    assert "crispKernelImages" in symbols and "crispKernelMaxSeqLen" in symbols
+
+
+# --- GPU: enqueue on CUDA buffers vs the torch op ----------------------------------------------------------
+
+GPU_CASES = [  # (id, sequence lengths, heads, kv heads, head_dim, dtype, block)
+    ("8k", [8192], 32, 8, 128, "bfloat16", 128),
+    ("128k", [131072], 32, 8, 128, "bfloat16", 128),
+    ("varlen", [1000, 4096, 37, 8197, 64], 32, 8, 128, "float16", 128),
+    ("gqa9-3-d64", [8192], 9, 3, 64, "bfloat16", 64),
+    ("gqa9-3-d64-b128", [3000, 5000], 9, 3, 64, "float16", 128),
+]
+
+
+@pytest.fixture(scope="session")
+def harness(built):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the plugin's enqueue needs one")
+    import aot_harness
+    spec = importlib.util.find_spec("tensorrt_lean_libs")
+    runtime = Path(spec.origin).parent / "libnvinfer_lean.so.11" if spec and spec.origin else None
+    return aot_harness.Harness(built, str(runtime) if runtime and runtime.is_file() else None)
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_enqueue_matches_the_torch_op(harness, case):
+    import dataclasses
+    import aot_harness
+    import torch
+    _, lens, heads, kv_heads, d, dtype, block = case
+    dtype = getattr(torch, dtype)
+    cfg = dataclasses.replace(aot_harness.DENSE, block_size=block)
+    out, ref, _, _, handle = aot_harness.run_both(harness, lens, heads, kv_heads, d, dtype, cfg)
+    harness.destroy(handle)
+    diff = (out.float() - ref.float()).abs().max().item()
+    ulp = torch.finfo(dtype).eps * ref.float().abs().max().item()
+    print(f"{case[0]}: max |plugin - torch op| = {diff:.3g} (1 ulp of max |out| = {ulp:.3g}); "
+          f"registry: {harness.runtime or 'getCreators'}")
+    assert torch.isfinite(out).all() and diff <= ulp

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Drive the TensorRT plugin's enqueue on torch CUDA tensors (plugin/tests/crispPluginHarness.cpp via ctypes),
+and time it against the torch op.
+
+    scripts/aot_harness.py [--build build/plugin] [--runtime libnvinfer_lean.so.11] [--json OUT.json]
+
+The timing table compares the plugin (the AOT cubins of crisp_trt/kernels/) with crisp_prefill_attention on
+the same inputs and config (CUDA events, median of 7 after 2 warm-ups): both run attend densely, since the
+plugin embeds only attend so far and the config's dense_below is above every length.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from crisp_trt import CrispConfig, crisp_prefill_attention  # noqa: E402
+from crisp_trt import plugin as crisp_plugin  # noqa: E402
+
+DENSE = CrispConfig(dense_below=1 << 30)  # what the dense-only plugin computes
+KINDS = {"INT32": 0, "FLOAT32": 1, "CHAR": 2}
+
+
+class Harness:
+    """The plugin as TensorRT would run it, on torch's current stream."""
+
+    def __init__(self, build: Path, runtime: str | None = None):
+        self.lib = ctypes.CDLL(str(build / "libcrisp_plugin_harness.so"))
+        self.plugin, self.runtime = str(build / crisp_plugin.LIBRARY), runtime or ""
+        self.lib.crisp_harness_create.restype = ctypes.c_void_p
+        self.lib.crisp_harness_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
+                                                  ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int32),
+                                                  ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int32),
+                                                  ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                                  ctypes.c_int64, ctypes.c_int64]
+        self.lib.crisp_harness_enqueue.restype = ctypes.c_int32
+        self.lib.crisp_harness_enqueue.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + \
+            [ctypes.c_void_p] * 7
+        self.lib.crisp_harness_destroy.argtypes = [ctypes.c_void_p]
+        self.lib.crisp_harness_error.restype = ctypes.c_char_p
+
+    def error(self) -> str:
+        return self.lib.crisp_harness_error().decode()
+
+    def create(self, cfg: CrispConfig, heads: int, kv_heads: int, head_dim: int, bf16: bool, max_tokens: int,
+               max_batch: int) -> int:
+        """A runtime-phase plugin with its workspace (the build calls run first); raises with the log."""
+        fields = crisp_plugin.plugin_fields(cfg, heads, kv_heads, head_dim)
+        n = len(fields)
+        names = (ctypes.c_char_p * n)(*[name.encode() for name, _, _ in fields])
+        kinds = (ctypes.c_int32 * n)(*[KINDS[kind] for _, _, kind in fields])
+        data = (ctypes.c_void_p * n)(*[value.ctypes.data for _, value, _ in fields])
+        lengths = (ctypes.c_int32 * n)(*[value.size for _, value, _ in fields])
+        handle = self.lib.crisp_harness_create(self.runtime.encode(), self.plugin.encode(), n, names, kinds, data,
+                                               lengths, int(bf16), heads, kv_heads, head_dim, max_tokens, max_batch)
+        if not handle:
+            raise RuntimeError(f"harness create failed:\n{self.error()}")
+        return handle
+
+    def enqueue(self, handle: int, q, k, v, cu_seqlens, out) -> None:
+        status = self.lib.crisp_harness_enqueue(handle, q.shape[0], cu_seqlens.shape[0] - 1, q.data_ptr(),
+                                                k.data_ptr(), v.data_ptr(), cu_seqlens.data_ptr(), out.data_ptr(),
+                                                torch.cuda.current_stream().cuda_stream)
+        if status != 0:
+            raise RuntimeError(f"enqueue returned {status}:\n{self.error()}")
+
+    def destroy(self, handle: int) -> None:
+        self.lib.crisp_harness_destroy(handle)
+
+
+def inputs(lens: list[int], heads: int, kv_heads: int, d: int, dtype, seed: int = 0):
+    """Packed random q, k, v and cu_seqlens on the GPU."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    total = sum(lens)
+    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=dtype, generator=gen) for h in (heads, kv_heads, kv_heads))
+    cu = torch.tensor([0] + lens, device="cuda", dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return q, k, v, cu
+
+
+def run_both(harness: Harness, lens, heads, kv_heads, d, dtype, cfg: CrispConfig = DENSE):
+    """(plugin output, torch op output, plugin enqueue closure, torch op closure) on the same inputs."""
+    q, k, v, cu = inputs(lens, heads, kv_heads, d, dtype)
+    handle = harness.create(cfg, heads, kv_heads, d, dtype == torch.bfloat16, q.shape[0], len(lens))
+    out = torch.empty_like(q)
+    plugin_fn = lambda: harness.enqueue(handle, q, k, v, cu, out)  # noqa: E731
+    torch_fn = lambda: crisp_prefill_attention(q, k, v, config=cfg, cu_seqlens=cu, max_seqlen=max(lens))  # noqa: E731
+    plugin_fn()
+    ref = torch_fn()
+    torch.cuda.synchronize()
+    return out, ref, plugin_fn, torch_fn, handle
+
+
+def median_ms(fn, warmup: int = 2, repeats: int = 7) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+CASES = [("8k", [8192], 32, 8, 128), ("32k", [32768], 32, 8, 128), ("128k", [131072], 32, 8, 128),
+         ("varlen", [1000, 4096, 37, 8197], 32, 8, 128), ("8k 9/3 d64", [8192], 9, 3, 64)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", type=Path, default=Path(__file__).resolve().parent.parent / "build" / "plugin")
+    ap.add_argument("--runtime", default=None, help="a TensorRT runtime with getPluginRegistry (default: getCreators)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    harness = Harness(args.build, args.runtime)
+    rows = []
+    print(f"{'case':<12} {'plugin ms':>10} {'torch op ms':>12} {'ratio':>6} {'max |diff|':>11}")
+    for name, lens, heads, kv_heads, d in CASES:
+        out, ref, plugin_fn, torch_fn, handle = run_both(harness, lens, heads, kv_heads, d, torch.bfloat16)
+        diff = (out.float() - ref.float()).abs().max().item()
+        row = {"case": name, "lens": lens, "heads": heads, "kv_heads": kv_heads, "head_dim": d, "dtype": "bf16",
+               "plugin_ms": median_ms(plugin_fn), "torch_ms": median_ms(torch_fn), "max_abs_diff": diff}
+        harness.destroy(handle)
+        rows.append(row)
+        print(f"{name:<12} {row['plugin_ms']:>10.3f} {row['torch_ms']:>12.3f} "
+              f"{row['plugin_ms'] / row['torch_ms']:>6.2f} {diff:>11.3g}")
+    if args.json:
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": DENSE.to_dict(),
+                                         "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
