@@ -3,6 +3,7 @@
 and time it against the torch op.
 
     scripts/aot_harness.py [--build build/plugin] [--runtime libnvinfer_lean.so.11] [--json OUT.json]
+    scripts/aot_harness.py --smoke      one 8k enqueue, no torch op (what compute-sanitizer runs)
 
 The timing table compares the plugin (the AOT cubins of crisp_trt/kernels/) with crisp_prefill_attention on
 the same inputs and config (CUDA events, median of 7 after 2 warm-ups): both run attend densely, since the
@@ -119,8 +120,17 @@ def main(argv=None) -> int:
     ap.add_argument("--build", type=Path, default=Path(__file__).resolve().parent.parent / "build" / "plugin")
     ap.add_argument("--runtime", default=None, help="a TensorRT runtime with getPluginRegistry (default: getCreators)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     harness = Harness(args.build, args.runtime)
+    if args.smoke:
+        q, k, v, cu = inputs([8192], 32, 8, 128, torch.bfloat16)
+        handle, out = harness.create(DENSE, 32, 8, 128, True, q.shape[0], 1), torch.empty_like(q)
+        harness.enqueue(handle, q, k, v, cu, out)
+        torch.cuda.synchronize()
+        harness.destroy(handle)
+        print(f"smoke: 8k enqueue finite={bool(torch.isfinite(out).all())}")
+        return 0 if torch.isfinite(out).all() else 1
     rows = []
     print(f"{'case':<12} {'plugin ms':>10} {'torch op ms':>12} {'ratio':>6} {'max |diff|':>11}")
     for name, lens, heads, kv_heads, d in CASES:
