@@ -101,7 +101,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     seqs, _, nqb, maxk = idx.shape
     out = torch.empty_like(q) if out is None else out
     warps = 4 if block * d <= 64 * 128 else 8
+    stages = 1 if block * d > 128 * 128 else 2  # B=128, d=256: two K/V stages exceed Hopper's 227 KB
     attend_kernel[(nqb, heads, seqs)](q, k, v, out, cu_seqlens, idx, counts, dense, 1.0 / math.sqrt(d), total,
                                       H=heads, G=heads // k.shape[1], NQB=nqb, MAXK=maxk, BLOCK=block, D=d,
-                                      INTERPRET=INTERPRET, num_warps=warps, num_stages=2)
+                                      INTERPRET=INTERPRET, num_warps=warps, num_stages=stages)
     return out
