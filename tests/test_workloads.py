@@ -15,9 +15,22 @@ def test_stats_respond_to_sink():
     assert 0 < weak["floor"] <= 1.0
 
 
-def test_fitted_spec_loads():
+def test_fitted_spec_loads_and_matches_real_at_1k():
+    import json
+    import math
+
+    from crisp_trt.workloads.fit import FITTED_PATH
+
     spec = fitted_spec()
-    assert isinstance(spec, SyntheticSpec) and spec.noise > 0
+    assert isinstance(spec, SyntheticSpec) and spec.noise > 0 and spec.ref_n == 1024
+    assert spec.sink_per_doubling == pytest.approx(math.log(2))
+    record = json.load(open(FITTED_PATH))["lengths"]
+    assert record["1024"]["within_tolerance"] and record["2048"]["within_tolerance"]
+
+
+def test_length_law():
+    spec = SyntheticSpec(sink_logit=4.0, sink_per_doubling=1.0, ref_n=1024)
+    assert spec.at(4096).sink_logit == pytest.approx(6.0) and spec.at(4096).sink_per_doubling == 0.0
 
 
 def test_real_text_is_long_english():

@@ -63,7 +63,7 @@ def synthetic_qkv(n: int, heads: int, kv_heads: int, head_dim: int, *, spec: Syn
     g = torch.Generator(device=device).manual_seed(seed)
     d = head_dim
     scale = math.sqrt(d)
-    n_loc = 8
+    n_loc = max(8, d // 4)  # local features: their tail beyond the window is noise of std ~ 1/sqrt(n_loc) of the peak
     n_sl = 4 if spec.slash_period else 0
     n_bg = d - 2 - 2 * n_loc - 2 * n_sl
     pos = torch.arange(n, device=device)
@@ -82,9 +82,9 @@ def synthetic_qkv(n: int, heads: int, kv_heads: int, head_dim: int, *, spec: Syn
     cols = (cols + spec.sink).clamp_max(n - 1)
     col_feat = k[..., n_bg + 1].transpose(1, 2)  # [batch, H_kv, n] view
     col_feat.scatter_(-1, cols, math.sqrt(spec.column_logit * scale))
-    # local: sum of cosines of i - j, frequencies up to ~ 1 / local_width
+    # local: sum of cosines of i - j, incommensurate (golden-ratio) frequencies up to ~ 1.2 pi / local_width
     off = n_bg + 2
-    freqs = torch.linspace(0.2, 1.0, n_loc, device=device) * (math.pi / max(spec.local_width, 1))
+    freqs = ((torch.arange(1, n_loc + 1, device=device) * 0.6180339887) % 1.0) * (1.2 * math.pi / max(spec.local_width, 1))
     feat = _positional(pos, freqs) * math.sqrt(spec.local_logit * scale / n_loc)
     q[..., off: off + 2 * n_loc] = feat[None, :, None, :]
     k[..., off: off + 2 * n_loc] = feat[None, :, None, :]
