@@ -20,7 +20,7 @@ from .bounds import seq_bounds
 
 @triton.jit
 def _window(q_ptr, start, n, h, sm_scale, H: tl.constexpr, L: tl.constexpr, D: tl.constexpr):
-    """The window's queries (scaled to the log2 domain), their positions and validity."""
+    """The window's queries, their positions and validity, and the log2-domain logit scale."""
     rows = tl.minimum(n, L)
     i = tl.arange(0, L)
     row_ok = i < rows
@@ -28,7 +28,15 @@ def _window(q_ptr, start, n, h, sm_scale, H: tl.constexpr, L: tl.constexpr, D: t
     cols = tl.arange(0, D)
     q = tl.load(q_ptr + ((start + r_pos).to(tl.int64) * H + h)[:, None] * D + cols[None, :],
                 mask=row_ok[:, None], other=0.0)
-    return q, r_pos, row_ok, rows
+    return q, r_pos, row_ok, rows, sm_scale * 1.4426950408889634
+
+
+@triton.jit
+def _merge_stats(m, l, m_add, l_add):
+    """Row (max, Σexp2) of two parts, where l_add = Σ exp2(x − m_add); safe for rows with no keys."""
+    m_new = tl.maximum(m, m_add)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, l * tl.exp2(m - m_safe) + l_add * tl.exp2(m_add - m_safe)
 
 
 @triton.jit
@@ -54,18 +62,16 @@ def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_sca
     nb = (n + BLOCK - 1) // BLOCK
     if (n < dense_below) | (c * chunk >= nb):
         return
-    q, r_pos, row_ok, rows = _window(q_ptr, start, n, h, sm_scale, H, L, D)
-    qk_scale = sm_scale * 1.4426950408889634
+    q, r_pos, row_ok, rows, qk_scale = _window(q_ptr, start, n, h, sm_scale, H, L, D)
     m = tl.full([L], float("-inf"), tl.float32)
     l = tl.zeros([L], tl.float32)
     kb = c * chunk
     end = tl.minimum(nb, kb + chunk)
     while kb < end:
         x = _logits(q, k_ptr, start, n, kb * BLOCK + tl.arange(0, BLOCK), r_pos, row_ok, h // G, qk_scale, H // G, D)
-        m_new = tl.maximum(m, tl.max(x, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l = l * tl.exp2(m - m_safe) + tl.sum(tl.exp2(x - m_safe[:, None]), 1)
-        m = m_new
+        m_tile = tl.max(x, 1)
+        l_tile = tl.sum(tl.exp2(x - tl.where(m_tile == float("-inf"), 0.0, m_tile)[:, None]), 1)
+        m, l = _merge_stats(m, l, m_tile, l_tile)
         kb += 1
     out = ((s * H + h) * NCH + c).to(tl.int64) * L + tl.arange(0, L)
     tl.store(part_m_ptr + out, m)
@@ -83,20 +89,14 @@ def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr,
     nb = (n + BLOCK - 1) // BLOCK
     if (n < dense_below) | (c * chunk >= nb):
         return
-    q, r_pos, row_ok, rows = _window(q_ptr, start, n, h, sm_scale, H, L, D)
-    qk_scale = sm_scale * 1.4426950408889634
+    q, r_pos, row_ok, rows, qk_scale = _window(q_ptr, start, n, h, sm_scale, H, L, D)
     head = s * H + h
     m = tl.full([L], float("-inf"), tl.float32)
     l = tl.zeros([L], tl.float32)
     j = 0
     while j < (nb + chunk - 1) // chunk:  # merge the chunks' row statistics
         part = (head * NCH + j).to(tl.int64) * L + tl.arange(0, L)
-        mj = tl.load(part_m_ptr + part)
-        lj = tl.load(part_l_ptr + part)
-        m_new = tl.maximum(m, mj)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l = l * tl.exp2(m - m_safe) + lj * tl.exp2(mj - m_safe)
-        m = m_new
+        m, l = _merge_stats(m, l, tl.load(part_m_ptr + part), tl.load(part_l_ptr + part))
         j += 1
     m = tl.where(m == float("-inf"), 0.0, m)
     inv = tl.where(row_ok, 1.0 / tl.where(l > 0, l, 1.0), 0.0) / rows.to(tl.float32)
