@@ -98,7 +98,7 @@ def _plan_vs_reference(device, cfg, lens, heads, kv_heads, d, dtype, seed=4):
         qs, ks, vs = q[a:b].float(), k[a:b].float(), v[a:b].float()
         want, route, c_struct, dens = reference.crisp_sequence(qs, ks, vs, cfg)
         nb = reference.num_blocks(n, cfg.block_size)
-        got = masks_from_plan(p, s, nb)
+        got = masks_from_plan(p, s, nb).cpu()
         if n >= max(cfg.dense_below, 1):
             want_masks = reference.block_masks(qs, ks, reference.select_heads(
                 reference.estimate(qs, ks, cfg), qs, ks, cfg), cfg)

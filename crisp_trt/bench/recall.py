@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import torch
 
+from ..kernels.pipeline import lists_from_masks, masks_from_plan
+
 
 def sample_rows(n: int, rows: int = 64, seed: int = 0) -> torch.Tensor:
     """Sorted unique token positions: the last rows//2 and rows//2 uniform ones (fixed seed)."""
@@ -25,26 +27,9 @@ def sample_rows(n: int, rows: int = 64, seed: int = 0) -> torch.Tensor:
 
 def plan_from_masks(masks: list[torch.Tensor]):
     """Per-sequence block masks bool [H, nb, nb] (diagonal included) → a Plan-like (idx, counts, dense)."""
-    from ..kernels.pipeline import lists_from_masks
-
     nb = max(m.shape[-1] for m in masks)
     idx, counts = lists_from_masks(masks, nb, nb)
     return SimpleNamespace(idx=idx, counts=counts, dense=torch.zeros(len(masks), dtype=torch.int32))
-
-
-def attended_blocks(plan, seq: int, qb: torch.Tensor, nkb: int) -> torch.Tensor:
-    """bool [H, R, nkb]: key blocks attended by query blocks qb [R] of sequence `seq` under `plan`."""
-    dev = qb.device
-    idx = plan.idx[seq].to(dev).long()[:, qb]                                  # [H, R, MAXK]
-    valid = torch.arange(idx.shape[-1], device=dev) < plan.counts[seq].to(dev)[:, qb, None]
-    allowed = torch.zeros(*idx.shape[:2], nkb + 1, dtype=torch.bool, device=dev)
-    allowed.scatter_(-1, torch.where(valid, idx, nkb), True)                  # invalid → spare column
-    allowed = allowed[..., :nkb]
-    kb = torch.arange(nkb, device=dev)
-    allowed |= (kb == qb[:, None])[None]                                      # the diagonal block
-    if bool(plan.dense[seq]):
-        allowed |= (kb <= qb[:, None])[None]
-    return allowed
 
 
 def plan_recall(q: torch.Tensor, k: torch.Tensor, plan, block: int, *, seq: int = 0, rows: int = 64,
@@ -54,7 +39,7 @@ def plan_recall(q: torch.Tensor, k: torch.Tensor, plan, block: int, *, seq: int 
     group = heads // k.shape[1]
     r = sample_rows(n, rows, seed).to(q.device)
     nkb = -(-n // block)
-    allowed = attended_blocks(plan, seq, r // block, nkb)                     # [H, R, nkb]
+    allowed = masks_from_plan(plan, seq, nkb, r // block).to(q.device)        # [H, R, nkb]
     future = torch.arange(n, device=q.device)[None] > r[:, None]
     total = 0.0
     for kvh in range(k.shape[1]):

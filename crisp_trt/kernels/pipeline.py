@@ -180,16 +180,19 @@ def lists_from_masks(masks: list[torch.Tensor], nqb: int, maxk: int) -> tuple[to
     return idx, counts
 
 
-def masks_from_plan(p: Plan, s: int, nb: int) -> torch.Tensor:
-    """The attended block mask bool [H, nb, nb] of sequence s (diagonal included), for tests and recall."""
-    heads = p.counts.shape[1]
-    if int(p.dense[s]):
-        return torch.ones(nb, nb, dtype=torch.bool).tril().expand(heads, nb, nb).clone()
-    idx, counts = p.idx[s, :, :nb].cpu().long(), p.counts[s, :, :nb].cpu()
-    valid = torch.arange(idx.shape[-1])[None, None, :] < counts[..., None]
-    masks = torch.zeros(heads, nb, nb + 1, dtype=torch.bool)
-    masks.scatter_(-1, torch.where(valid, idx, nb), True)
-    return masks[..., :nb] | torch.eye(nb, dtype=torch.bool)
+def masks_from_plan(p, s: int, nb: int, qb: torch.Tensor | None = None) -> torch.Tensor:
+    """Attended key blocks bool [H, len(qb), nb] of query blocks qb (default: all nb) of sequence s, diagonal
+    included (every causal block when dense[s]), on the plan's device — for tests and recall. Any object
+    with Plan's idx / counts / dense fields works."""
+    dev = p.idx.device
+    qb = torch.arange(nb, device=dev) if qb is None else qb.to(dev)
+    idx = p.idx[s][:, qb].long()
+    valid = torch.arange(idx.shape[-1], device=dev) < p.counts[s].to(dev)[:, qb, None]
+    allowed = torch.zeros(*idx.shape[:2], nb + 1, dtype=torch.bool, device=dev)
+    allowed.scatter_(-1, torch.where(valid, idx, nb), True)  # unused slots → a spare column
+    kb = torch.arange(nb, device=dev)
+    always = torch.where(p.dense[s].to(dev).bool(), kb <= qb[:, None], kb == qb[:, None])
+    return allowed[..., :nb] | always[None]
 
 
 def input_poison(q, k, v, cu_seqlens) -> torch.Tensor:
