@@ -254,16 +254,21 @@ def causal_block_mask(n: int, heads: int, block: int) -> torch.Tensor:
     return torch.ones(nb, nb, dtype=torch.bool).tril().expand(heads, nb, nb).clone()
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: torch.Tensor, block: int) -> torch.Tensor:
-    """Causal attention restricted to the masked key blocks, fp32 math, output in q's dtype."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: torch.Tensor, block: int,
+           first_row: int = 0) -> torch.Tensor:
+    """Causal attention restricted to the masked key blocks, fp32 math, output in q's dtype.
+
+    Rows first_row… only (the output has n − first_row rows): long sequences are checked on their last
+    rows without an n × n map."""
     n, heads, d = q.shape
     kk, vv = _expand_kv(k, heads).float(), _expand_kv(v, heads).float()
-    out = torch.empty(n, heads, d, dtype=torch.float32, device=q.device)
+    out = torch.empty(n - first_row, heads, d, dtype=torch.float32, device=q.device)
     tok_block = torch.arange(n, device=q.device) // block
-    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    pos = torch.arange(n, device=q.device)
+    causal = pos[first_row:, None] >= pos[None, :]
     for h in range(heads):
-        allowed = masks[h].to(q.device)[tok_block][:, tok_block] & causal
-        logits = (q[:, h].float() @ kk[:, h].T) / math.sqrt(d)
+        allowed = masks[h].to(q.device)[tok_block[first_row:]][:, tok_block] & causal
+        logits = (q[first_row:, h].float() @ kk[:, h].T) / math.sqrt(d)
         logits = logits.masked_fill(~allowed, float("-inf"))
         out[:, h] = torch.softmax(logits, -1) @ vv[:, h]
     return out.to(q.dtype)

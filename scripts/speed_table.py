@@ -1,10 +1,12 @@
 """Speed table on the GPU: the CRISP op (estimate → route → select → attend) vs cuDNN / FA2 dense.
 
-Llama-3-8B-like shape (32 q / 8 kv heads, d=128, bf16), synthetic workload generated on the GPU, one
+Llama-3-8B-like shape (32 q / 8 kv heads, d=128, bf16), synthetic workload generated on the GPU (the
+spec fitted to SmolLM2, DESIGN.md §6; WORKLOAD=synthetic_plain for the hand-set one), one
 default CrispConfig for every length. Per n, all in the same process: dense ms (cuDNN, FLASH); CRISP
 and FlexPrefill-mode op ms, density, output rel. error vs cuDNN, routing+select ms (plan) and share,
 per-stage ms (estimate, route, select, attend), attend TFLOP/s over the blocks it computes, the
-routes taken; at n ≤ 8k the kernels vs the fp32 reference pipeline; a CUDA-graph capture of the op.
+routes taken; at n ≤ 128k the kernels vs the fp32 reference pipeline (last 1024 rows, and the selected
+blocks that differ); a CUDA-graph capture of the op.
 Writes JSON to $OUT and bench/results/ after every row, prints a table last.
 """
 from __future__ import annotations
@@ -17,14 +19,15 @@ import time
 import torch
 
 from crisp_trt import CrispConfig, crisp_prefill_attention, reference
-from crisp_trt.api import _reference_packed
 from crisp_trt.bench.op import dense_fn, median_ms
 from crisp_trt.config import method_config
 from crisp_trt.kernels.attend import attend
-from crisp_trt.kernels.pipeline import Stages
-from crisp_trt.workloads.synthetic import synthetic_qkv
+from crisp_trt.kernels.pipeline import Stages, masks_from_plan
+from crisp_trt.workloads.fit import fitted_spec
+from crisp_trt.workloads.synthetic import SyntheticSpec, synthetic_qkv
 
 H, HKV, D = 32, 8, 128
+SPEC = fitted_spec() if os.environ.get("WORKLOAD", "synthetic") == "synthetic" else SyntheticSpec()
 
 
 def rel(a, b):
@@ -53,16 +56,27 @@ def method_row(name, cfg, q, k, v, dense_out, cudnn_ms, reps):
     nb = -(-n // cfg.block_size)
     blocks = float(p.counts.sum() + nb * H)
     r["attend_tflops"] = 4 * blocks * cfg.block_size ** 2 * D / (r["attend_ms"] * 1e-3) / 1e12
-    if n <= 8192:  # kernels vs the fp32 reference pipeline (same config)
-        cpu = [t.float().cpu() for t in (q, k, v)]
-        want = _reference_packed(*cpu, torch.tensor([0, n], dtype=torch.int32), cfg)[0]
-        r["kernel_vs_reference_rel_err"] = rel(out.cpu(), want)
+    if n <= 131072:
+        r.update(kernel_vs_reference(q, k, v, cfg, out, p))
     return r
+
+
+def kernel_vs_reference(q, k, v, cfg, out, p, rows=1024):
+    """The fp32 reference pipeline (estimate/select on the CPU, attend on the GPU over the last `rows`
+    query rows): output rel. error of the kernels there, and how many selected blocks differ."""
+    n, block = q.shape[0], cfg.block_size
+    qc, kc = q.float().cpu(), k.float().cpu()
+    masks = reference.block_masks(qc, kc, reference.select_heads(reference.estimate(qc, kc, cfg), qc, kc, cfg), cfg)
+    first = max(0, n - rows)
+    want = reference.attend(q.float(), k.float(), v.float(), masks, block, first_row=first)
+    got = masks_from_plan(p, 0, masks.shape[-1]).cpu()
+    return {"kernel_vs_reference_rel_err": rel(out[first:], want), "reference_rows": n - first,
+            "mask_mismatch_blocks": int((got != masks).sum()), "reference_blocks": int(masks.sum())}
 
 
 def row(n, dev):
     reps = 5 if n >= 131072 else 10
-    q, k, v = (t[0] for t in synthetic_qkv(n, H, HKV, D, dtype=torch.bfloat16, seed=0, device=dev))
+    q, k, v = (t[0] for t in synthetic_qkv(n, H, HKV, D, spec=SPEC, dtype=torch.bfloat16, seed=0, device=dev))
     r = {"n": n}
     r["cudnn_ms"] = median_ms(dense_fn("dense_cudnn", q, k, v), reps, dev)
     r["flash_ms"] = median_ms(dense_fn("dense_fa2", q, k, v), reps, dev)
@@ -92,7 +106,8 @@ def graph_capture(dev):
 def main():
     dev = "cuda"
     lengths = [int(x) for x in (sys.argv[1:] or ["8192", "32768", "131072", "524288"])]
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "workload": os.environ.get("WORKLOAD", "synthetic"), "rows": []}
     try:
         res["graph"] = graph_capture(dev)
     except Exception as e:  # reported, not hidden
@@ -110,13 +125,14 @@ def main():
                     json.dump(res, f, indent=1)
     print(json.dumps(res["graph"]))
     print(f"{'n':>7} {'method':>11} {'cudnn':>8} {'ms':>8} {'x':>6} {'dens':>6} {'relerr':>8} {'plan':>7} "
-          f"{'share':>6} {'est':>6} {'route':>6} {'sel':>6} {'attend':>7} {'TF/s':>5} routes")
+          f"{'share':>6} {'est':>6} {'route':>6} {'sel':>6} {'attend':>7} {'TF/s':>5} {'vs_ref':>8} {'mism':>5} routes")
     for r in res["rows"]:
         for m in r["methods"]:
             print(f"{r['n']:>7} {m['method']:>11} {r['cudnn_ms']:8.2f} {m['ms']:8.2f} {m['speedup_vs_cudnn']:6.1f} "
                   f"{m['density']:6.3f} {m['rel_err']:8.2e} {m['plan_ms']:7.2f} {m['routing_share']:6.1%} "
                   f"{m['estimate_ms']:6.2f} {m['route_ms']:6.2f} {m['select_ms']:6.2f} {m['attend_ms']:7.2f} "
-                  f"{m['attend_tflops']:5.0f} {m['routes']}")
+                  f"{m['attend_tflops']:5.0f} {m.get('kernel_vs_reference_rel_err', float('nan')):8.1e} "
+                  f"{m.get('mask_mismatch_blocks', -1):>5} {m['routes']}")
 
 
 if __name__ == "__main__":

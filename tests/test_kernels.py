@@ -52,11 +52,13 @@ def test_attend_varlen_and_dense(device):
     _run_attend(device, [200, 0, 450, 64], 4, 2, 64, torch.float16, dense_seq=(2,))
 
 
-@pytest.mark.parametrize("lens,window", [([330], 64), ([150, 40, 260], 32)])
-def test_estimate_matches_reference(device, lens, window):
+@pytest.mark.parametrize("lens,window,block", [([330], 64, 64), ([150, 40, 260], 32, 64), ([420, 100], 128, 128),
+                                               ([300], 32, 128)])
+def test_estimate_matches_reference(device, lens, window, block):
+    """Block 128 runs two [L, 64] sub-tiles per key block, with up to three diagonal wraps each."""
     from crisp_trt.kernels.pipeline import Stages
 
-    cfg = CrispConfig(block_size=64, last_q=window, dense_below=0)
+    cfg = CrispConfig(block_size=block, last_q=window, dense_below=0)
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
     q, k, _ = (t[0].half() for t in synthetic_qkv(int(cu[-1]), 4, 2, 64, seed=2))
     st = Stages(q.to(device), k.to(device), cu.to(device), max(lens), cfg)
@@ -64,10 +66,10 @@ def test_estimate_matches_reference(device, lens, window):
     for s, n in enumerate(lens):
         a, b = int(cu[s]), int(cu[s + 1])
         want = reference.estimate(q[a:b].float(), k[a:b].float(), cfg)
-        m = reference.num_blocks(n, 64)
+        m = reference.num_blocks(n, block)
         for g, w in zip((st.vsum, st.vmax, st.ssum, st.smax), (want.vsum, want.vmax, want.ssum, want.smax)):
             assert torch.allclose(g[s, :, :m].cpu(), w, atol=2e-3, rtol=2e-2)
-        pooled = reference.pool_blocks(q[a:b], 64)
+        pooled = reference.pool_blocks(q[a:b], block)
         assert torch.allclose(st.pooled_q[s, :m].cpu(), pooled, atol=1e-4)
 
 

@@ -4,8 +4,10 @@ The window's L = cfg.window last queries against every key, split over chunks of
 long sequences fill the GPU (grid (NCH, H, S)):
   estimate_partial_kernel  per chunk, each row's max and sum of exp (log2 domain)      → part_m, part_l
   estimate_mass_kernel     merges the chunks' (max, sum), recomputes each [L, B] probability tile once:
-                           column sums → vsum/vmax of that key block; the tile's 2B−1 diagonals
-                           (tl.gather) → atomic adds into the per-offset slash mass s[o]
+                           column sums → vsum/vmax of that key block; its diagonals → atomic adds into
+                           the per-offset slash mass s[o]. The tile is taken as [L, W] sub-tiles (W ≤ 64)
+                           and each sub-tile's diagonals are read by one [L, W] gather at column
+                           (i + e) mod W, split by wrap count, so nothing spills ([L, 2B] gathers did).
   slash_reduce_kernel      s[o] → ssum/smax per offset block
 Semantics: reference.estimate (the last block's padding counts as zero mass). Sequences shorter than
 dense_below are skipped (route marks them dense).
@@ -65,14 +67,11 @@ def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_sca
     q, r_pos, row_ok, rows, qk_scale = _window(q_ptr, start, n, h, sm_scale, H, L, D)
     m = tl.full([L], float("-inf"), tl.float32)
     l = tl.zeros([L], tl.float32)
-    kb = c * chunk
-    end = tl.minimum(nb, kb + chunk)
-    while kb < end:
+    for kb in range(c * chunk, tl.minimum(nb, c * chunk + chunk)):
         x = _logits(q, k_ptr, start, n, kb * BLOCK + tl.arange(0, BLOCK), r_pos, row_ok, h // G, qk_scale, H // G, D)
         m_tile = tl.max(x, 1)
         l_tile = tl.sum(tl.exp2(x - tl.where(m_tile == float("-inf"), 0.0, m_tile)[:, None]), 1)
         m, l = _merge_stats(m, l, m_tile, l_tile)
-        kb += 1
     out = ((s * H + h) * NCH + c).to(tl.int64) * L + tl.arange(0, L)
     tl.store(part_m_ptr + out, m)
     tl.store(part_l_ptr + out, l)
@@ -81,7 +80,7 @@ def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_sca
 @triton.jit
 def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr, vmax_ptr, s_ptr, sm_scale, chunk,
                          dense_below, total, H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
-                         L: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
+                         L: tl.constexpr, BLOCK: tl.constexpr, W: tl.constexpr, D: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -93,32 +92,34 @@ def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr,
     head = s * H + h
     m = tl.full([L], float("-inf"), tl.float32)
     l = tl.zeros([L], tl.float32)
-    j = 0
-    while j < (nb + chunk - 1) // chunk:  # merge the chunks' row statistics
+    for j in range(0, (nb + chunk - 1) // chunk):  # merge the chunks' row statistics
         part = (head * NCH + j).to(tl.int64) * L + tl.arange(0, L)
         m, l = _merge_stats(m, l, tl.load(part_m_ptr + part), tl.load(part_l_ptr + part))
-        j += 1
     m = tl.where(m == float("-inf"), 0.0, m)
     inv = tl.where(row_ok, 1.0 / tl.where(l > 0, l, 1.0), 0.0) / rows.to(tl.float32)
-    i = tl.arange(0, L)
-    e = tl.arange(0, 2 * BLOCK)
-    t = i[:, None] - e[None, :] + BLOCK - 1  # row i's column holding diagonal e of the tile
-    on_tile = (t >= 0) & (t < BLOCK)
-    t = tl.minimum(tl.maximum(t, 0), BLOCK - 1)
+    i = tl.arange(0, L)[:, None]
+    e = tl.arange(0, W)[None, :]
     out = head.to(tl.int64) * NB
     s_base = head.to(tl.int64) * NB * BLOCK
-    kb = c * chunk
-    end = tl.minimum(nb, kb + chunk)
-    while kb < end:
-        x = _logits(q, k_ptr, start, n, kb * BLOCK + tl.arange(0, BLOCK), r_pos, row_ok, h // G, qk_scale, H // G, D)
-        p = tl.exp2(x - m[:, None]) * inv[:, None]
-        col = tl.sum(p, 0)
-        tl.store(vsum_ptr + out + kb, tl.sum(col, 0))
-        tl.store(vmax_ptr + out + kb, tl.max(col, 0))
-        diag = tl.sum(tl.where(on_tile, tl.gather(p, t, 1), 0.0), 0)
-        o = n - rows - kb * BLOCK - BLOCK + 1 + e  # offset (query pos − key pos) of diagonal e
-        tl.atomic_add(s_ptr + s_base + o, diag, mask=(o >= 0) & (o < n) & (diag != 0.0), sem="relaxed")
-        kb += 1
+    for kb in range(c * chunk, tl.minimum(nb, c * chunk + chunk)):
+        vsum = 0.0
+        vmax = 0.0
+        for half in tl.static_range(BLOCK // W):  # [L, W] sub-tiles keep the diagonal gather in registers
+            k0 = kb * BLOCK + half * W
+            x = _logits(q, k_ptr, start, n, k0 + tl.arange(0, W), r_pos, row_ok, h // G, qk_scale, H // G, D)
+            p = tl.exp2(x - m[:, None]) * inv[:, None]
+            col = tl.sum(p, 0)
+            vsum += tl.sum(col, 0)
+            vmax = tl.maximum(vmax, tl.max(col, 0))
+            # row i, column (i + e) mod W lies on offset (n − rows + i) − (k0 + column) = base + W·w − e,
+            # w = (i + e) // W: one masked column sum per wrap count w
+            g = tl.gather(p, (i + e) % W, 1)
+            for w in tl.static_range((L + W - 2) // W + 1):
+                diag = tl.sum(tl.where((i + e) // W == w, g, 0.0), 0)
+                o = n - rows - k0 + W * w - tl.arange(0, W)
+                tl.atomic_add(s_ptr + s_base + o, diag, mask=(o >= 0) & (o < n) & (diag != 0.0), sem="relaxed")
+        tl.store(vsum_ptr + out + kb, vsum)
+        tl.store(vmax_ptr + out + kb, vmax)
 
 
 @triton.jit

@@ -97,7 +97,8 @@ class Stages:
         estimate_partial_kernel[(z.nch, heads, seqs)](q, k, cu, part_m, part_l, *args, NCH=z.nch, **shape,
                                                        num_warps=warps)
         estimate_mass_kernel[(z.nch, heads, seqs)](q, k, cu, part_m, part_l, self.vsum, self.vmax, s_mass, *args,
-                                                    NB=z.nb, NCH=z.nch, **shape, num_warps=warps)
+                                                    NB=z.nb, NCH=z.nch, W=min(block, 64), **shape,
+                                                    num_warps=warps)
         slash_reduce_kernel[(-(-z.nb // SLASH_ROWS), heads, seqs)](s_mass, cu, self.ssum, self.smax, *args[2:],
                                                                    H=heads, NB=z.nb, RB=SLASH_ROWS, BLOCK=block)
         self.pooled_q = self._empty(seqs, z.nb, heads, self.d)

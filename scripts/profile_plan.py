@@ -1,0 +1,61 @@
+"""Per-kernel GPU time of one CRISP plan + attend (torch.profiler), to see which stage dominates.
+
+    python3 scripts/profile_plan.py [n ...]     # default 131072; Llama-3-8B shape, synthetic, bf16
+
+Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from crisp_trt import CrispConfig
+from crisp_trt.kernels.attend import attend
+from crisp_trt.kernels.pipeline import Stages
+from crisp_trt.workloads.synthetic import synthetic_qkv
+
+H, HKV, D, RUNS = 32, 8, 128, 5
+
+
+def kernel_times(n: int, cfg: CrispConfig) -> dict[str, float]:
+    q, k, v = (t[0] for t in synthetic_qkv(n, H, HKV, D, dtype=torch.bfloat16, device="cuda"))
+    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    st = Stages(q, k, cu, n, cfg)
+
+    def once():
+        p = st.plan()
+        attend(q, k, v, cu, p.idx, p.counts, p.dense, cfg.block_size)
+
+    once()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(RUNS):
+            once()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.device_time_total > 0:
+            times[e.key[:60]] = e.device_time_total / RUNS / 1e3
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
+def main() -> None:
+    lengths = [int(a) for a in sys.argv[1:]] or [131072]
+    out = os.environ.get("OUT", "bench/results")
+    os.makedirs(out, exist_ok=True)
+    for n in lengths:
+        times = kernel_times(n, CrispConfig())
+        with open(os.path.join(out, f"profile_{n}.json"), "w") as f:
+            json.dump({"n": n, "device": torch.cuda.get_device_name(), "ms": times}, f, indent=1)
+        total = sum(times.values())
+        print(f"n={n}: {total:.2f} ms of kernels per plan + attend")
+        for name, ms in times.items():
+            print(f"  {ms:9.3f} ms {100 * ms / total:5.1f}%  {name}")
+
+
+if __name__ == "__main__":
+    main()
