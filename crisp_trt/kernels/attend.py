@@ -8,15 +8,13 @@ directly (K/V are never repeated); varlen via cu_seqlens (programs past a sequen
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from .bounds import seq_bounds
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from .launch import kernel, run
 
 
 @triton.jit
@@ -36,7 +34,7 @@ def _attend_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, causal_ok, qk_scale)
 
 @triton.jit
 def _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, n, k_ptr, v_ptr, hk, qk_scale,
-                  HK: tl.constexpr, MAXK: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
+                  HK, MAXK, BLOCK: tl.constexpr, D: tl.constexpr):
     """The i-th off-diagonal key block of this row (from the list, or kb = i when dense)."""
     kb = tl.load(idx_ptr + row.to(tl.int64) * MAXK + i * listed) * listed + i * dense
     rows = tl.arange(0, BLOCK)
@@ -48,9 +46,8 @@ def _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, n, k_
                          v_ptr + kv_off[:, None] + cols[None, :], k_pos < n, all_ok, qk_scale)
 
 
-@triton.jit
-def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale, total,
-                  H: tl.constexpr, G: tl.constexpr, NQB: tl.constexpr, MAXK: tl.constexpr,
+@kernel
+def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale, total, H, G, NQB, MAXK,
                   BLOCK: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
     qb = tl.program_id(0)
     h = tl.program_id(1)
@@ -59,7 +56,7 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_pt
     if qb * BLOCK >= n:
         return
     hk = h // G
-    HK: tl.constexpr = H // G
+    HK = H // G
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
     q_pos = qb * BLOCK + rows
@@ -100,9 +97,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     total, heads, d = q.shape
     seqs, _, nqb, maxk = idx.shape
     out = torch.empty_like(q) if out is None else out
-    warps = 4 if block * d <= 64 * 128 else 8
-    stages = 1 if block * d > 128 * 128 else 2  # B=128, d=256: two K/V stages exceed Hopper's 227 KB
-    attend_kernel[(nqb, heads, seqs)](q, k, v, out, cu_seqlens, idx, counts, dense, 1.0 / math.sqrt(d), total,
-                                      H=heads, G=heads // k.shape[1], NQB=nqb, MAXK=maxk, BLOCK=block, D=d,
-                                      INTERPRET=INTERPRET, num_warps=warps, num_stages=stages)
+    run(attend_kernel, (nqb, heads, seqs), q, k, v, out, cu_seqlens, idx, counts, dense, 1.0 / math.sqrt(d), total,
+        heads, heads // k.shape[1], nqb, maxk, block=block, d=d, BLOCK=block, D=d)
     return out

@@ -1,7 +1,7 @@
 """seq_bounds: one sequence's (start, length) from cu_seqlens, clamped so no kernel can go out of bounds.
 
 On CUDA the op cannot check cu_seqlens on the host without a sync; a malformed one poisons the output
-to NaN (pipeline.input_poison), and this clamp keeps every read inside [0, total) and every write
+to NaN (poison.py), and this clamp keeps every read inside [0, total) and every write
 inside the buffers sized for `cap` tokens (max_seqlen rounded up to blocks) meanwhile.
 """
 import triton

@@ -18,10 +18,11 @@ import triton
 import triton.language as tl
 
 from .bounds import seq_bounds
+from .launch import kernel
 
 
 @triton.jit
-def _window(q_ptr, start, n, h, sm_scale, H: tl.constexpr, L: tl.constexpr, D: tl.constexpr):
+def _window(q_ptr, start, n, h, sm_scale, H, L: tl.constexpr, D: tl.constexpr):
     """The window's queries, their positions and validity, and the log2-domain logit scale."""
     rows = tl.minimum(n, L)
     i = tl.arange(0, L)
@@ -42,7 +43,7 @@ def _merge_stats(m, l, m_add, l_add):
 
 
 @triton.jit
-def _logits(q, k_ptr, start, n, k_pos, r_pos, row_ok, hk, qk_scale, HK: tl.constexpr, D: tl.constexpr):
+def _logits(q, k_ptr, start, n, k_pos, r_pos, row_ok, hk, qk_scale, HK, D: tl.constexpr):
     """Masked log2-domain logits of the window rows against keys k_pos ([L, len(k_pos)])."""
     cols = tl.arange(0, D)
     key_ok = (k_pos >= 0) & (k_pos < n)
@@ -53,10 +54,9 @@ def _logits(q, k_ptr, start, n, k_pos, r_pos, row_ok, hk, qk_scale, HK: tl.const
     return tl.where(ok, x, float("-inf"))
 
 
-@triton.jit
+@kernel
 def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_scale, chunk, dense_below, total,
-                            H: tl.constexpr, G: tl.constexpr, NCH: tl.constexpr, L: tl.constexpr,
-                            BLOCK: tl.constexpr, D: tl.constexpr):
+                            H, G, NCH, L: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -77,10 +77,10 @@ def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_sca
     tl.store(part_l_ptr + out, l)
 
 
-@triton.jit
+@kernel
 def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr, vmax_ptr, s_ptr, sm_scale, chunk,
-                         dense_below, total, H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
-                         L: tl.constexpr, BLOCK: tl.constexpr, W: tl.constexpr, D: tl.constexpr):
+                         dense_below, total, H, G, NB, NCH, L: tl.constexpr, BLOCK: tl.constexpr, W: tl.constexpr,
+                         D: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -122,9 +122,9 @@ def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr,
         tl.store(vmax_ptr + out + kb, vmax)
 
 
-@triton.jit
-def slash_reduce_kernel(s_ptr, cu_ptr, ssum_ptr, smax_ptr, dense_below, total, H: tl.constexpr, NB: tl.constexpr,
-                        RB: tl.constexpr, BLOCK: tl.constexpr):
+@kernel
+def slash_reduce_kernel(s_ptr, cu_ptr, ssum_ptr, smax_ptr, dense_below, total, H, NB, RB: tl.constexpr,
+                        BLOCK: tl.constexpr):
     g = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)

@@ -1,10 +1,11 @@
 """crisp_cuda: the CUDA path of `crisp::prefill_attention` — estimate → route → select → attend.
 
 Every stage is a Triton kernel over fixed-size buffers sized from max_seqlen (NB = ceil(max/B)
-blocks), with per-sequence bounds read on the device from cu_seqlens: no `.item()`, no `nonzero()`,
-no host synchronisation, so the op runs under CUDA-graph capture. Launch order (the plugin repeats
-it): zero s_mass → estimate_partial → estimate_mass → slash_reduce → pool → route → select → attend.
-The input poison (non-finite q/k/v or malformed cu_seqlens → NaN output) is a device-side where.
+blocks; launch.Sizes / launch.buffers), with per-sequence bounds read on the device from cu_seqlens:
+no `.item()`, no `nonzero()`, no host synchronisation, so the op runs under CUDA-graph capture. Launch
+order (the TensorRT plugin repeats it, plugin/crispPrefillAttentionKernels.cpp): zero s_mass, keep maps,
+counts, poison flag → estimate_partial → estimate_mass → slash_reduce → pool → route (→ route_jsd) →
+select → attend → poison_scan → poison_apply (non-finite q/k/v or malformed cu_seqlens → NaN output).
 """
 from __future__ import annotations
 
@@ -16,13 +17,11 @@ import torch
 from ..config import CrispConfig
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
+from .launch import QG, SLASH_ROWS, ZEROED, Sizes, buffers, run
+from .poison import poison
 from .pool import pool_kernel
-from .route import route_kernel
+from .route import route_jsd_kernel, route_kernel
 from .select import select_kernel
-
-QG = 16  # query blocks per select program (tl.dot needs 16 rows)
-SELECT_CHUNK = 64  # key blocks per select tile
-SLASH_ROWS = 16  # offset blocks per slash_reduce program
 
 
 @dataclass
@@ -45,96 +44,69 @@ class Plan:
     distances: torch.Tensor
 
 
-def _pow2(x: int) -> int:
-    return max(16, 1 << (max(x, 1) - 1).bit_length())
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """Static buffer sizes of one launch (what the plugin's workspace layout also needs)."""
-
-    nb: int
-    chunk: int
-    nch: int
-    maxc: int
-    maxd: int
-    maxk: int
-
-    @classmethod
-    def of(cls, max_seqlen: int, cfg: CrispConfig) -> "Sizes":
-        nb = -(-max_seqlen // cfg.block_size)
-        chunk = max(4, -(-nb // 64))  # ≤ 64 chunks: each estimate_mass program merges them all
-        maxc = min(nb, cfg.sink_blocks + cfg.max_blocks)
-        maxd = min(nb, 2 * (cfg.local_blocks + cfg.max_blocks))
-        return cls(nb, chunk, -(-nb // chunk), max(maxc, 1), max(maxd, 1), cfg.max_list(nb))
-
-
 class Stages:
     """The buffers and launches of one plan: estimate() → route() → select(), each a method so the
-    stages can be timed apart (scripts/speed_table.py); plan() runs all three."""
+    stages can be timed apart (scripts/speed_table.py); plan() runs all three. Each method allocates
+    (and zeroes) its own buffers, so a stage can be rerun alone."""
 
     def __init__(self, q, k, cu_seqlens, max_seqlen: int, cfg: CrispConfig):
         self.q, self.k, self.cu, self.cfg = q, k, cu_seqlens, cfg
         self.seqs, (self.heads, self.d), self.kv_heads = cu_seqlens.shape[0] - 1, q.shape[1:], k.shape[1]
         self.z = Sizes.of(max_seqlen, cfg)
+        self.shapes = buffers(self.seqs, self.heads, self.kv_heads, self.d, cfg, self.z)
         self.scale, self.dense_below = 1.0 / math.sqrt(self.d), max(cfg.dense_below, 1)
         self.knobs = (cfg.kappa, cfg.floor_quantile, cfg.gamma)
-        self.floor = cfg.budget == "floor"
+        self.total = q.shape[0]
 
-    def _empty(self, *shape, dtype=torch.float32):
-        return torch.empty(*shape, dtype=dtype, device=self.q.device)
+    def _buffer(self, name: str) -> torch.Tensor:
+        shape, dtype = self.shapes[name]
+        make = torch.zeros if name in ZEROED else torch.empty
+        return make(shape, dtype=getattr(torch, dtype), device=self.q.device)
 
     def estimate(self):
         """Proxy-map statistics vsum, vmax, ssum, smax [S, H, NB] and the pooled q/k blocks."""
         q, k, cu, cfg, z, seqs, heads = self.q, self.k, self.cu, self.cfg, self.z, self.seqs, self.heads
-        block, window = cfg.block_size, cfg.window
-        part_m, part_l = self._empty(seqs, heads, z.nch, window), self._empty(seqs, heads, z.nch, window)
-        self.vsum, self.vmax, self.ssum, self.smax = (self._empty(seqs, heads, z.nb) for _ in range(4))
-        s_mass = torch.zeros(seqs, heads, z.nb * block, dtype=torch.float32, device=q.device)
-        warps = 4 if block * self.d <= 64 * 128 else 8
-        shape = dict(H=heads, G=heads // self.kv_heads, L=window, BLOCK=block, D=self.d)
-        args = (self.scale, z.chunk, self.dense_below, q.shape[0])
-        estimate_partial_kernel[(z.nch, heads, seqs)](q, k, cu, part_m, part_l, *args, NCH=z.nch, **shape,
-                                                       num_warps=warps)
-        estimate_mass_kernel[(z.nch, heads, seqs)](q, k, cu, part_m, part_l, self.vsum, self.vmax, s_mass, *args,
-                                                    NB=z.nb, NCH=z.nch, W=min(block, 64), **shape,
-                                                    num_warps=warps)
-        slash_reduce_kernel[(-(-z.nb // SLASH_ROWS), heads, seqs)](s_mass, cu, self.ssum, self.smax, *args[2:],
-                                                                   H=heads, NB=z.nb, RB=SLASH_ROWS, BLOCK=block)
-        self.pooled_q = self._empty(seqs, z.nb, heads, self.d)
-        self.pooled_k = self._empty(seqs, z.nb, self.kv_heads, self.d)
-        pool_kernel[(z.nb, heads + self.kv_heads, seqs)](q, k, cu, self.pooled_q, self.pooled_k, *args[2:], H=heads,
-                                                          HK=self.kv_heads, NB=z.nb, BLOCK=block, D=self.d)
+        block, d, g = cfg.block_size, self.d, heads // self.kv_heads
+        part_m, part_l, s_mass = (self._buffer(n) for n in ("part_m", "part_l", "s_mass"))
+        self.vsum, self.vmax, self.ssum, self.smax = (self._buffer(n) for n in ("vsum", "vmax", "ssum", "smax"))
+        self.pooled_q, self.pooled_k = self._buffer("pooled_q"), self._buffer("pooled_k")
+        args = (self.scale, z.chunk, self.dense_below, self.total)
+        tile = dict(L=cfg.window, BLOCK=block, D=d)
+        run(estimate_partial_kernel, (z.nch, heads, seqs), q, k, cu, part_m, part_l, *args, heads, g, z.nch,
+            block=block, d=d, **tile)
+        run(estimate_mass_kernel, (z.nch, heads, seqs), q, k, cu, part_m, part_l, self.vsum, self.vmax, s_mass,
+            *args, heads, g, z.nb, z.nch, block=block, d=d, **tile)
+        run(slash_reduce_kernel, (-(-z.nb // SLASH_ROWS), heads, seqs), s_mass, cu, self.ssum, self.smax,
+            self.dense_below, self.total, heads, z.nb, block=block, BLOCK=block)
+        run(pool_kernel, (z.nb, heads + self.kv_heads, seqs), q, k, cu, self.pooled_q, self.pooled_k,
+            self.dense_below, self.total, heads, self.kv_heads, z.nb, block=block, d=d, BLOCK=block, D=d)
 
     def route(self):
         """Per head: kept columns / distances (maps and lists), C_struct, route; dense flag per sequence."""
-        cfg, z, seqs, heads, i32 = self.cfg, self.z, self.seqs, self.heads, torch.int32
-        self.columns, offsets, self.distances = (torch.zeros(seqs, heads, z.nb, dtype=torch.int8, device=self.q.device)
-                                                 for _ in range(3))
-        self.cols, self.dists = self._empty(seqs, heads, z.maxc, dtype=i32), self._empty(seqs, heads, z.maxd, dtype=i32)
-        self.ncols, self.ndists, self.route_ = (self._empty(seqs, heads, dtype=i32) for _ in range(3))
-        self.c_struct, self.dense = self._empty(seqs, heads), self._empty(seqs, dtype=i32)
-        route_kernel[(heads, seqs)](
-            self.vsum, self.vmax, self.ssum, self.smax, self.cu, self.q, self.pooled_k, self.columns, offsets,
+        cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
+        self.columns, offsets, self.distances = (self._buffer(n) for n in ("columns", "offsets", "distances"))
+        self.cols, self.dists, self.ncols, self.ndists = (self._buffer(n) for n in ("cols", "dists", "ncols", "ndists"))
+        self.route_, self.c_struct, self.dense = (self._buffer(n) for n in ("route", "c_struct", "dense"))
+        run(route_kernel, (heads, seqs), self.vsum, self.vmax, self.ssum, self.smax, self.cu, self.columns, offsets,
             self.distances, self.cols, self.ncols, self.dists, self.ndists, self.c_struct, self.route_, self.dense,
-            self.scale, *self.knobs, cfg.tau, cfg.min_blocks, cfg.max_blocks, self.dense_below, self.q.shape[0],
-            H=heads, G=heads // self.kv_heads, NB=z.nb, L=cfg.window, B=cfg.block_size, D=self.d, SINK=cfg.sink_blocks,
-            LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, FLOOR=self.floor, MIN_TOP=cfg.min_blocks > 0,
-            JSD=cfg.routing == "jsd", C=min(1024, _pow2(z.nb)), num_warps=4)
+            *self.knobs, cfg.tau, cfg.min_blocks, cfg.max_blocks, self.dense_below, self.total, heads, z.nb,
+            cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, block=cfg.block_size,
+            FLOOR=cfg.budget == "floor", MIN_TOP=cfg.min_blocks > 0, C=z.route_chunk)
+        if cfg.routing == "jsd":
+            run(route_jsd_kernel, (heads, seqs), self.vsum, self.cu, self.q, self.pooled_k, self.route_, self.scale,
+                cfg.tau, self.dense_below, self.total, heads, heads // self.kv_heads, z.nb, cfg.block_size,
+                block=cfg.block_size, d=self.d, L=cfg.window, D=self.d)
 
     def select(self):
         """Per (sequence, head, query block): the off-diagonal key-block list and its count."""
         cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
-        self.idx = self._empty(seqs, heads, z.nb, z.maxk, dtype=torch.int32)
-        self.counts = torch.zeros(seqs, heads, z.nb, dtype=torch.int32, device=self.q.device)
-        scratch = self._empty(seqs * heads * z.nb * z.nb)
-        select_kernel[(-(-z.nb // QG), heads, seqs)](
-            self.cu, self.route_, self.columns, self.cols, self.ncols, self.dists, self.ndists, self.pooled_q,
-            self.pooled_k, scratch, self.idx, self.counts, self.scale, *self.knobs, cfg.min_blocks, cfg.max_blocks,
-            self.q.shape[0], H=heads, G=heads // self.kv_heads, NB=z.nb, MAXK=z.maxk, D=self.d, BLOCK=cfg.block_size,
-            SINK=cfg.sink_blocks, LOCAL=cfg.local_blocks, MAXC=z.maxc, MAXD=z.maxd, MAXCP=_pow2(z.maxc),
-            MAXDP=_pow2(z.maxd), FLOOR=self.floor, MIN_TOP=(not self.floor) and cfg.min_blocks > 0,
-            SAMPLES=cfg.floor_samples, QG=QG, C=SELECT_CHUNK, num_warps=4)
+        self.idx, self.counts, scratch = (self._buffer(n) for n in ("idx", "counts", "scratch"))
+        floor = cfg.budget == "floor"
+        run(select_kernel, (-(-z.nb // QG), heads, seqs), self.cu, self.route_, self.columns, self.cols, self.ncols,
+            self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, self.idx, self.counts, self.scale,
+            *self.knobs, cfg.min_blocks, cfg.max_blocks, self.total, heads, heads // self.kv_heads, z.nb, z.maxk,
+            cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
+            block=cfg.block_size, d=self.d, D=self.d, FLOOR=floor, MIN_TOP=(not floor) and cfg.min_blocks > 0)
 
     def plan(self) -> Plan:
         self.estimate()
@@ -143,6 +115,11 @@ class Stages:
         density = _density(self.counts, self.dense, self.cu, self.cfg.block_size)
         return Plan(self.idx, self.counts, self.dense, self.route_, self.c_struct, density, self.columns,
                     self.distances)
+
+    def attend(self, v) -> torch.Tensor:
+        """attend over the planned lists, then the input poison (NaN output for bad inputs)."""
+        out = attend(self.q, self.k, v, self.cu, self.idx, self.counts, self.dense, self.cfg.block_size)
+        return poison(self.q, self.k, v, self.cu, out, self._buffer("poison"))
 
 
 def plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, cfg: CrispConfig) -> Plan:
@@ -196,17 +173,8 @@ def masks_from_plan(p, s: int, nb: int, qb: torch.Tensor | None = None) -> torch
     return allowed[..., :nb] | always[None]
 
 
-def input_poison(q, k, v, cu_seqlens) -> torch.Tensor:
-    """Device bool scalar: True iff any q/k/v entry is non-finite or cu_seqlens is malformed."""
-    bad = ~(torch.isfinite(q).all() & torch.isfinite(k).all() & torch.isfinite(v).all())
-    steps = cu_seqlens[1:] - cu_seqlens[:-1]
-    malformed = (cu_seqlens[0] != 0) | (cu_seqlens[-1] != q.shape[0]) | (steps < 0).any()
-    return bad | malformed
-
-
 def crisp_cuda(q, k, v, cu_seqlens, max_seqlen: int, cfg: CrispConfig):
     """(out [total, H, d], route int32 [S, H], c_struct f32 [S, H], density f32 [S, H])."""
-    p = plan(q, k, cu_seqlens, max_seqlen, cfg)
-    out = attend(q, k, v, cu_seqlens, p.idx, p.counts, p.dense, cfg.block_size)
-    out = torch.where(input_poison(q, k, v, cu_seqlens), float("nan"), out)
-    return out, p.route, p.c_struct, p.density
+    st = Stages(q, k, cu_seqlens, max_seqlen, cfg)
+    p = st.plan()
+    return st.attend(v), p.route, p.c_struct, p.density

@@ -10,11 +10,11 @@ import triton
 import triton.language as tl
 
 from .bounds import seq_bounds
+from .launch import kernel
 
 
 @triton.jit
-def _pool_head(src, dst, start, n, b, s, head, HEADS: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
-               D: tl.constexpr):
+def _pool_head(src, dst, start, n, b, s, head, HEADS, NB, BLOCK: tl.constexpr, D: tl.constexpr):
     tok = b * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
     x = tl.load(src + ((start + tok).to(tl.int64) * HEADS + head)[:, None] * D + cols[None, :],
@@ -23,9 +23,9 @@ def _pool_head(src, dst, start, n, b, s, head, HEADS: tl.constexpr, NB: tl.const
     tl.store(dst + ((s * NB + b).to(tl.int64) * HEADS + head) * D + cols, mean)
 
 
-@triton.jit
-def pool_kernel(q_ptr, k_ptr, cu_ptr, pq_ptr, pk_ptr, dense_below, total, H: tl.constexpr, HK: tl.constexpr,
-                NB: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
+@kernel
+def pool_kernel(q_ptr, k_ptr, cu_ptr, pq_ptr, pk_ptr, dense_below, total, H, HK, NB, BLOCK: tl.constexpr,
+                D: tl.constexpr):
     b = tl.program_id(0)
     j = tl.program_id(1)
     s = tl.program_id(2)

@@ -4,8 +4,9 @@ One program per (head, sequence). From estimate's per-block vsum/vmax/ssum/smax 
 blocks (sink always, candidates by bisect.thresholds) and offset blocks (local always), turns offsets
 into diagonal distances (offset block ob touches distances ob and ob + 1), writes both as bool maps
 and as compact ascending lists for select, then C_struct = Σ vsum over the key blocks the last query
-block attends, and route = C_struct ≥ tau (or, JSD routing, sqrt(JSD(vsum, pooled-Q·K)) ≥ tau).
-Sequences below dense_below get route 0 (dense) and dense[s] = 1.
+block attends, and route = C_struct ≥ tau. With JSD routing, route_jsd_kernel (same grid, launched next)
+overwrites the route with sqrt(JSD(vsum, pooled-Q·K)) ≥ tau. Sequences below dense_below get route 0
+(dense) and dense[s] = 1.
 """
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import triton.language as tl
 
 from .bisect import keep_rule, thresholds
 from .bounds import seq_bounds
+from .launch import kernel
 
 
 @triton.jit
 def _keep_blocks(mass_ptr, score_ptr, base, lo, hi, always_hi, nb, width_last, kappa, quantile, gamma,
-                 min_blocks, max_blocks, keep_ptr, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr,
-                 B: tl.constexpr, C: tl.constexpr):
+                 min_blocks, max_blocks, keep_ptr, BLOCK, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr,
+                 C: tl.constexpr):
     """Keep map (int8, 1 = kept) of one head's blocks: [0, always_hi) always, candidates [lo, hi)."""
     lo_v = tl.zeros([1], tl.int32) + lo
     m_v = tl.zeros([1], tl.int32) + (hi - lo)
@@ -36,7 +38,7 @@ def _keep_blocks(mass_ptr, score_ptr, base, lo, hi, always_hi, nb, width_last, k
         cand_mass += tl.sum(tl.where((j >= lo) & (j < hi), x, 0.0), 1)
         t0 += C
     gt, ge, cap = thresholds(mass_ptr, score_ptr, base_v, lo_v, m_v, all_mass - cand_mass, mass_ptr, lo_v, m_v,
-                             m_v, last_v, wl_v, B * 1.0, kappa, quantile, gamma, min_blocks, max_blocks,
+                             m_v, last_v, wl_v, BLOCK * 1.0, kappa, quantile, gamma, min_blocks, max_blocks,
                              FLOOR, MIN_TOP, C)
     rank_ptr = score_ptr if FLOOR else mass_ptr
     taken = tl.zeros([1], tl.int32)
@@ -68,8 +70,8 @@ def _compact(src_ptr, base, nb, dst_ptr, dst_base, C: tl.constexpr):
 
 
 @triton.jit
-def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, H: tl.constexpr,
-         HK: tl.constexpr, NB: tl.constexpr, L: tl.constexpr, D: tl.constexpr):
+def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, H, HK, NB, L: tl.constexpr,
+         D: tl.constexpr):
     """sqrt(JSD) (base 2) of vsum and softmax(pooled K · mean of the window's queries · scale)."""
     JC: tl.constexpr = 32  # key blocks per [JC, D] pooled-K tile
     i = tl.arange(0, L)
@@ -103,17 +105,14 @@ def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, 
     return tl.sqrt(tl.maximum(0.5 * kl, 0.0))
 
 
-@triton.jit
-def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, q_ptr, pk_ptr, keep_c_ptr, keep_o_ptr, keep_d_ptr,
-                 cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, cstruct_ptr, route_ptr, dense_ptr,
-                 sm_scale, kappa, quantile, gamma, tau, min_blocks, max_blocks, dense_below, total,
-                 H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, L: tl.constexpr, B: tl.constexpr,
-                 D: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, MAXC: tl.constexpr, MAXD: tl.constexpr,
-                 FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, JSD: tl.constexpr, C: tl.constexpr):
+@kernel
+def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, keep_o_ptr, keep_d_ptr, cols_ptr,
+                 ncols_ptr, dists_ptr, ndists_ptr, cstruct_ptr, route_ptr, dense_ptr, kappa, quantile, gamma, tau,
+                 min_blocks, max_blocks, dense_below, total, H, NB, BLOCK, SINK, LOCAL, MAXC, MAXD,
+                 FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, C: tl.constexpr):
     h = tl.program_id(0)
     s = tl.program_id(1)
-    start, n = seq_bounds(cu_ptr, s, total, NB * B)
-    HK: tl.constexpr = H // G
+    n = seq_bounds(cu_ptr, s, total, NB * BLOCK)[1]
     row = s * H + h
     short = n < dense_below
     if h == 0:
@@ -124,9 +123,9 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, q_ptr, pk_ptr, 
         tl.store(ncols_ptr + row, 0)
         tl.store(ndists_ptr + row, 0)
         return
-    nb = (n + B - 1) // B
+    nb = (n + BLOCK - 1) // BLOCK
     base = row.to(tl.int64) * NB
-    width_last = (n - (nb - 1) * B).to(tl.float32)
+    width_last = (n - (nb - 1) * BLOCK).to(tl.float32)
     v_lo = tl.minimum(SINK, nb)
     v_hi = tl.maximum(v_lo, nb - 1 - LOCAL)
     s_lo = tl.minimum(LOCAL, nb)
@@ -134,9 +133,9 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, q_ptr, pk_ptr, 
     if SINK > 0:
         s_hi = tl.maximum(s_lo, nb - 1 - SINK)
     _keep_blocks(vsum_ptr, vmax_ptr, base, v_lo, v_hi, v_lo, nb, width_last, kappa, quantile, gamma, min_blocks,
-                 max_blocks, keep_c_ptr, FLOOR, MIN_TOP, B, C)
+                 max_blocks, keep_c_ptr, BLOCK, FLOOR, MIN_TOP, C)
     _keep_blocks(ssum_ptr, smax_ptr, base, s_lo, s_hi, s_lo, nb, width_last, kappa, quantile, gamma, min_blocks,
-                 max_blocks, keep_o_ptr, FLOOR, MIN_TOP, B, C)
+                 max_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C)
     tl.debug_barrier()
     t0 = 0
     while t0 < nb:  # distances: offset block ob touches distances ob and ob + 1
@@ -159,9 +158,19 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, q_ptr, pk_ptr, 
         t0 += C
     c_struct = tl.minimum(tl.maximum(c_struct, 0.0), 1.0)
     tl.store(cstruct_ptr + row, c_struct)
-    if JSD:
-        score = _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, tl.minimum(n, L), h, h // G, sm_scale,
-                     H, HK, NB, L, D)
-    else:
-        score = c_struct
+    tl.store(route_ptr + row, tl.where(c_struct >= tau, 1, 2))
+
+
+@kernel
+def route_jsd_kernel(vsum_ptr, cu_ptr, q_ptr, pk_ptr, route_ptr, sm_scale, tau, dense_below, total, H, G, NB, BLOCK,
+                     L: tl.constexpr, D: tl.constexpr):
+    """JSD routing: route = 1 (vertical-slash) iff sqrt(JSD) ≥ tau, else 2, for sequences ≥ dense_below."""
+    h = tl.program_id(0)
+    s = tl.program_id(1)
+    start, n = seq_bounds(cu_ptr, s, total, NB * BLOCK)
+    if n < dense_below:
+        return
+    row = s * H + h
+    score = _jsd(vsum_ptr, row.to(tl.int64) * NB, q_ptr, pk_ptr, s, start, n, (n + BLOCK - 1) // BLOCK,
+                 tl.minimum(n, L), h, h // G, sm_scale, H, H // G, NB, L, D)
     tl.store(route_ptr + row, tl.where(score >= tau, 1, 2))

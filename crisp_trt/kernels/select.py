@@ -17,38 +17,50 @@ import triton.language as tl
 
 from .bisect import keep_rule, thresholds
 from .bounds import seq_bounds
+from .launch import kernel
+
+
+@triton.jit
+def _append(src_ptr, src_base, n_ptr, head, idx_ptr, row, qb, row_ok, count, keep_c_ptr, col_base, MAXK,
+            IS_DIST: tl.constexpr, KC: tl.constexpr):
+    """Append to each row's list, in list order, the kept columns c < qb (IS_DIST: the blocks qb − x of kept
+    distances x ≥ 1 that are not columns), KC list entries at a time; returns the new counts."""
+    nv = tl.load(n_ptr + head)
+    t0 = 0
+    while t0 < nv:
+        t = t0 + tl.arange(0, KC)
+        val = tl.load(src_ptr + src_base + t, mask=t < nv, other=0)
+        if IS_DIST:
+            kb = qb[:, None] - val[None, :]
+            flag = (t[None, :] < nv) & (val[None, :] >= 1) & (kb >= 0) & row_ok[:, None]
+            flag = flag & (tl.load(keep_c_ptr + col_base + kb, mask=flag, other=1) == 0)
+        else:
+            kb = val[None, :] + 0 * qb[:, None]
+            flag = (t[None, :] < nv) & (kb < qb[:, None]) & row_ok[:, None]
+        pos = count[:, None] + tl.cumsum(flag.to(tl.int32), 1) - 1
+        tl.store(idx_ptr + row[:, None] * MAXK + pos, kb, mask=flag)
+        count += tl.sum(flag.to(tl.int32), 1)
+        t0 += KC
+    return count
 
 
 @triton.jit
 def _vertical_slash_rows(keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, idx_ptr, counts_ptr, head, row,
-                         qb, row_ok, NB: tl.constexpr, MAXK: tl.constexpr, MAXC: tl.constexpr, MAXD: tl.constexpr,
-                         MAXCP: tl.constexpr, MAXDP: tl.constexpr):
-    t = tl.arange(0, MAXCP)
-    nc = tl.load(ncols_ptr + head)
-    col = tl.load(cols_ptr + head.to(tl.int64) * MAXC + t, mask=t < nc, other=0)
-    flag = (t[None, :] < nc) & (col[None, :] < qb[:, None]) & row_ok[:, None]
-    pos = tl.cumsum(flag.to(tl.int32), 1) - 1
-    tl.store(idx_ptr + row[:, None] * MAXK + pos, col[None, :] + 0 * pos, mask=flag)
-    count = tl.sum(flag.to(tl.int32), 1)
-    u = tl.arange(0, MAXDP)
-    nd = tl.load(ndists_ptr + head)
-    dist = tl.load(dists_ptr + head.to(tl.int64) * MAXD + u, mask=u < nd, other=0)
-    kb = qb[:, None] - dist[None, :]
-    usable = (u[None, :] < nd) & (dist[None, :] >= 1) & (kb >= 0) & row_ok[:, None]
-    is_col = tl.load(keep_c_ptr + head.to(tl.int64) * NB + kb, mask=usable, other=1)
-    flag = usable & (is_col == 0)
-    pos = count[:, None] + tl.cumsum(flag.to(tl.int32), 1) - 1
-    tl.store(idx_ptr + row[:, None] * MAXK + pos, kb, mask=flag)
-    tl.store(counts_ptr + row, count + tl.sum(flag.to(tl.int32), 1), mask=row_ok)
+                         qb, row_ok, NB, MAXK, MAXC, MAXD, KC: tl.constexpr):
+    count = tl.zeros_like(qb)
+    count = _append(cols_ptr, head.to(tl.int64) * MAXC, ncols_ptr, head, idx_ptr, row, qb, row_ok, count,
+                    keep_c_ptr, head.to(tl.int64) * NB, MAXK, False, KC)
+    count = _append(dists_ptr, head.to(tl.int64) * MAXD, ndists_ptr, head, idx_ptr, row, qb, row_ok, count,
+                    keep_c_ptr, head.to(tl.int64) * NB, MAXK, True, KC)
+    tl.store(counts_ptr + row, count, mask=row_ok)
 
 
 @triton.jit
 def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, row_ok, nb, sm_scale,
-                       kappa, quantile, gamma, min_blocks, max_blocks,
-                       H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, MAXK: tl.constexpr, D: tl.constexpr,
-                       SINK: tl.constexpr, LOCAL: tl.constexpr, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr,
-                       SAMPLES: tl.constexpr, QG: tl.constexpr, C: tl.constexpr):
-    HK: tl.constexpr = H // G
+                       kappa, quantile, gamma, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL, SAMPLES,
+                       D: tl.constexpr, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, QG: tl.constexpr,
+                       C: tl.constexpr):
+    HK = H // G
     d = tl.arange(0, D)
     qb_c = tl.minimum(qb, nb - 1)
     pq = tl.load(pq_ptr + ((s * NB + qb_c).to(tl.int64) * H + h)[:, None] * D + d[None, :])
@@ -111,13 +123,11 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, r
     tl.store(counts_ptr + row, count, mask=row_ok)
 
 
-@triton.jit
+@kernel
 def select_kernel(cu_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, pq_ptr, pk_ptr,
                   scratch_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, min_blocks, max_blocks, total,
-                  H: tl.constexpr, G: tl.constexpr, NB: tl.constexpr, MAXK: tl.constexpr, D: tl.constexpr,
-                  BLOCK: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, MAXC: tl.constexpr,
-                  MAXD: tl.constexpr, MAXCP: tl.constexpr, MAXDP: tl.constexpr, FLOOR: tl.constexpr,
-                  MIN_TOP: tl.constexpr, SAMPLES: tl.constexpr, QG: tl.constexpr, C: tl.constexpr):
+                  H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr, FLOOR: tl.constexpr,
+                  MIN_TOP: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
     g = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -132,8 +142,8 @@ def select_kernel(cu_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr,
     row = head.to(tl.int64) * NB + qb
     if route == 1:
         _vertical_slash_rows(keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, idx_ptr, counts_ptr, head, row,
-                             qb, row_ok, NB, MAXK, MAXC, MAXD, MAXCP, MAXDP)
+                             qb, row_ok, NB, MAXK, MAXC, MAXD, KC)
     if route == 2:
         _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, row_ok, nb, sm_scale,
-                           kappa, quantile, gamma, min_blocks, max_blocks, H, G, NB, MAXK, D, SINK, LOCAL, FLOOR,
-                           MIN_TOP, SAMPLES, QG, C)
+                           kappa, quantile, gamma, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL, SAMPLES, D,
+                           FLOOR, MIN_TOP, QG, KC)

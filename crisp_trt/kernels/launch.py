@@ -1,0 +1,116 @@
+"""Launch rules shared by the torch launcher (pipeline.py, attend.py, poison.py) and the TensorRT plugin's
+ahead-of-time build (scripts/aot_kernels.py), so that the plugin runs the very cubins the torch op JIT-compiles.
+
+- `kernel`: `triton.jit` that never specialises integer arguments on their value. Triton's JIT otherwise
+  compiles an argument equal to 1 as a constant and marks multiples of 16, so the cubin would depend on the
+  input; with plain i32 parameters the JIT's cubin equals the one compiled ahead of time.
+  Pointer parameters end in `_ptr` (they keep Triton's 16-byte alignment specialisation).
+- `Sizes` / `buffers`: strides and buffers of one launch, from max_seqlen (the plugin: its tokens).
+- `fixed` / `options`: constexprs fixed by these rules, and num_warps / num_stages.
+- `run`: launch a kernel with both.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+
+import triton
+
+from ..config import CrispConfig
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+QG = 16  # query blocks per select program (tl.dot needs 16 rows)
+SELECT_CHUNK = 64  # key blocks per select tile
+SLASH_ROWS = 16  # offset blocks per slash_reduce program
+SUBTILE = 64  # widest [L, W] sub-tile of estimate_mass
+POISON_ELEMS = 4096  # elements per poison program
+ROUTE_CHUNK_MAX = 1024  # widest route chunk
+WIDE = ("estimate_partial", "estimate_mass", "attend")  # 8 warps when BLOCK·D > 64·128
+
+
+def kernel(fn):
+    """triton.jit with every non-pointer, non-constexpr parameter in do_not_specialize."""
+    params = inspect.signature(fn).parameters.values()
+    scalars = [p.name for p in params if not p.name.endswith("_ptr") and "constexpr" not in str(p.annotation)]
+    return triton.jit(fn, do_not_specialize=scalars)
+
+
+def name(fn) -> str:
+    """A kernel's stage name: `route_kernel` → `route` (the plugin's image names)."""
+    return fn.fn.__name__.removesuffix("_kernel")
+
+
+def constexpr_names(fn) -> list[str]:
+    return [p.name for p in inspect.signature(fn.fn).parameters.values() if "constexpr" in str(p.annotation)]
+
+
+def pow2(x: int) -> int:
+    return max(16, 1 << (max(x, 1) - 1).bit_length())
+
+
+def route_chunk(nb: int) -> int:
+    """route's chunk width C: the next power of two ≥ NB, in [16, ROUTE_CHUNK_MAX] (a variant axis)."""
+    return min(ROUTE_CHUNK_MAX, pow2(nb))
+
+
+def fixed(block: int) -> dict:
+    """Constexprs these rules fix; each kernel takes those it declares."""
+    return {"W": min(block, SUBTILE), "RB": SLASH_ROWS, "QG": QG, "KC": SELECT_CHUNK, "ELEMS": POISON_ELEMS,
+            "INTERPRET": INTERPRET}
+
+
+def options(stage: str, block: int, d: int) -> dict:
+    """num_warps / num_stages of a stage's kernel (Triton's defaults are 4 / 3)."""
+    warps = 8 if stage in WIDE and block * d > 64 * 128 else 4
+    if stage != "attend":
+        return {"num_warps": warps, "num_stages": 3}
+    return {"num_warps": warps, "num_stages": 1 if block * d > 128 * 128 else 2}  # B=128, d=256: 1 stage fits
+
+
+def run(fn, grid, *args, block: int, d: int = 0, **constexprs):
+    """fn[grid](*args, **constexprs) plus the fixed constexprs it declares and its launch options."""
+    consts = {k: v for k, v in fixed(block).items() if k in constexpr_names(fn)}
+    return fn[grid](*args, **constexprs, **consts, **options(name(fn), block, d))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Strides and capacities of one launch for sequences of at most max_seqlen tokens (NB blocks)."""
+
+    nb: int
+    chunk: int  # key blocks per estimate chunk
+    nch: int  # estimate chunks (≤ 64)
+    nch_cap: int  # part_m / part_l rows: a bound on nch that grows with NB (nch itself does not)
+    maxc: int  # column list capacity
+    maxd: int  # distance list capacity
+    maxk: int  # key-block list capacity (attend's idx)
+    route_chunk: int
+
+    @classmethod
+    def of(cls, max_seqlen: int, cfg: CrispConfig) -> "Sizes":
+        nb = -(-max_seqlen // cfg.block_size)
+        chunk = max(4, -(-nb // 64))  # ≤ 64 chunks: each estimate_mass program merges them all
+        maxc = max(1, min(nb, cfg.sink_blocks + cfg.max_blocks))
+        maxd = max(1, min(nb, 2 * (cfg.local_blocks + cfg.max_blocks)))
+        return cls(nb, chunk, -(-nb // chunk), min(64, -(-nb // 4)), maxc, maxd, cfg.max_list(nb), route_chunk(nb))
+
+
+ZEROED = ("s_mass", "columns", "offsets", "distances", "counts", "poison")  # zeroed before each launch
+
+
+def buffers(seqs: int, heads: int, kv_heads: int, d: int, cfg: CrispConfig, z: Sizes) -> dict:
+    """name → (shape, dtype) of every buffer of one launch, the ZEROED ones first (the plugin lays its
+    workspace out in this order, each buffer 256-byte aligned, and zeroes the prefix with one memset)."""
+    sh, nb = (seqs, heads), z.nb
+    shapes = {"s_mass": ((*sh, nb * cfg.block_size), "float32"), "columns": ((*sh, nb), "int8"),
+              "offsets": ((*sh, nb), "int8"), "distances": ((*sh, nb), "int8"), "counts": ((*sh, nb), "int32"),
+              "poison": ((1,), "int32"),
+              "part_m": ((*sh, z.nch_cap, cfg.window), "float32"), "part_l": ((*sh, z.nch_cap, cfg.window), "float32")}
+    shapes.update({n: ((*sh, nb), "float32") for n in ("vsum", "vmax", "ssum", "smax")})
+    shapes.update({"pooled_q": ((seqs, nb, heads, d), "float32"), "pooled_k": ((seqs, nb, kv_heads, d), "float32"),
+                   "cols": ((*sh, z.maxc), "int32"), "dists": ((*sh, z.maxd), "int32"), "ncols": (sh, "int32"),
+                   "ndists": (sh, "int32"), "route": (sh, "int32"), "c_struct": (sh, "float32"),
+                   "dense": ((seqs,), "int32"), "scratch": ((*sh, nb, nb), "float32"),
+                   "idx": ((*sh, nb, z.maxk), "int32")})
+    return shapes
