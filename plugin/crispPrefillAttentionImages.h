@@ -24,11 +24,21 @@ struct CrispKernelParam
     CrispParamType type;
 };
 
-//! A constexpr a cubin was specialised for (BLOCK, D, ...); the launcher picks the cubin whose values match.
+//! Element type of a cubin's q/k/v/out pointers; kANY for a kernel without them.
+enum class CrispDtype : int32_t
+{
+    kANY,
+    kFP16,
+    kBF16,
+};
+
+//! A constexpr a cubin was specialised for. The launcher picks the cubin whose variant constexprs (BLOCK, D, L,
+//! C, FLOOR, MIN_TOP) equal its launch arguments of the same name; fixed ones (QG, RB, ...) size its grids.
 struct CrispConstexpr
 {
     char const* name;
     int64_t value;
+    bool variant;
 };
 
 struct CrispKernelImage
@@ -36,7 +46,7 @@ struct CrispKernelImage
     char const* stage;  //!< pipeline stage: "attend", ...
     char const* kernel; //!< entry name in the cubin
     int32_t arch;       //!< compute capability, major * 10 + minor
-    bool bf16;          //!< element type of the q/k/v/out pointers: bfloat16 if true, else float16
+    CrispDtype dtype;
     CrispConstexpr const* constexprs;
     int32_t nbConstexprs;
     CrispKernelParam const* params;
@@ -46,9 +56,6 @@ struct CrispKernelImage
     unsigned char const* cubin;
     size_t cubinSize;
 };
-
-//! The longest sequence the cubins accept (scripts/aot_compile.py --max-seqlen): it sets attend's NQB.
-int64_t crispKernelMaxSeqLen() noexcept;
 
 //! The embedded cubins (count = 0 for a build without kernels).
 CrispKernelImage const* crispKernelImages(int32_t& count) noexcept;

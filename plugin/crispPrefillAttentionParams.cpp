@@ -27,6 +27,7 @@ constexpr FieldSpec kFIELDS[] = {
     {"sink_tokens", PluginFieldType::kINT32},
     {"local_blocks", PluginFieldType::kINT32},
     {"kappa", PluginFieldType::kFLOAT32},
+    {"coverage", PluginFieldType::kFLOAT32},
     {"floor_quantile", PluginFieldType::kFLOAT32},
     {"tau", PluginFieldType::kFLOAT32},
     {"min_budget", PluginFieldType::kINT32},
@@ -60,7 +61,7 @@ auto slot(Params& p, int32_t i)
 {
     using Slot = std::conditional_t<std::is_const_v<Params>, void const*, void*>;
     Slot const slots[kNB_FIELDS] = {&p.blockSize, &p.lastQ, &p.sinkTokens, &p.localBlocks, &p.kappa,
-        &p.floorQuantile, &p.tau, &p.minBudget, &p.maxBudget, &p.denseBelow, &p.routing, &p.budget, &p.gamma,
+        &p.coverage, &p.floorQuantile, &p.tau, &p.minBudget, &p.maxBudget, &p.denseBelow, &p.routing, &p.budget, &p.gamma,
         &p.floorSamples, &p.numHeads, &p.numKvHeads, &p.headDim};
     return slots[i];
 }
@@ -78,6 +79,7 @@ std::string checkRanges(CrispParams const& p)
     if (p.sinkTokens < 0 || p.sinkTokens > 65536) return bad("sink_tokens", "an int in [0, 65536]");
     if (p.localBlocks < 1 || p.localBlocks > 64) return bad("local_blocks", "an int in [1, 64]");
     if (!finite(p.kappa) || p.kappa < 0.F) return bad("kappa", "a finite number >= 0");
+    if (!finite(p.coverage) || p.coverage < 0.F || p.coverage > 1.F) return bad("coverage", "a number in [0, 1]");
     if (!finite(p.floorQuantile) || p.floorQuantile < 0.F || p.floorQuantile > 1.F)
         return bad("floor_quantile", "a number in [0, 1]");
     if (!finite(p.tau) || p.tau < 0.F) return bad("tau", "a finite number >= 0");

@@ -3,6 +3,7 @@
 #include "crispPrefillAttentionLogging.h"
 
 #include <exception>
+#include <limits>
 #include <new>
 
 using namespace nvinfer1;
@@ -151,10 +152,20 @@ int32_t CrispPrefillAttentionPlugin::configurePlugin(
                  "head_dim, and cu_seqlens [batch + 1]");
         return -1;
     }
-    if (in[0].max.d[0] > crispMaxTokens())
+    int64_t const maxTokens = in[0].max.d[0];
+    int64_t const maxBatch = in[kSEQLENS].max.d[0] - 1;
+    if (maxTokens > crispMaxTokens() || maxBatch > 65535)
     {
-        logError("configurePlugin: the profile allows " + std::to_string(in[0].max.d[0]) + " tokens, the kernels "
-            + std::to_string(crispMaxTokens()) + " (rebuild with -DCRISP_TRT_MAX_SEQLEN)");
+        logError("configurePlugin: the profile allows " + std::to_string(maxTokens) + " tokens and "
+            + std::to_string(maxBatch) + " sequences; the kernels take at most " + std::to_string(crispMaxTokens())
+            + " tokens (int32 indices) and 65535 sequences (the grid's z axis)");
+        return -1;
+    }
+    if (crispWorkspaceLayout(mParams, maxBatch, maxTokens).total == std::numeric_limits<size_t>::max())
+    {
+        logError("configurePlugin: the workspace for " + std::to_string(maxBatch) + " sequences of up to "
+            + std::to_string(maxTokens) + " tokens overflows size_t (select's scratch is batch * heads * blocks^2 "
+            + "floats)");
         return -1;
     }
     return 0;
@@ -167,7 +178,7 @@ size_t CrispPrefillAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc con
     {
         return 0;
     }
-    return crispWorkspaceLayout(mParams, inputs[kSEQLENS].max.d[0] - 1).total;
+    return crispWorkspaceLayout(mParams, inputs[kSEQLENS].max.d[0] - 1, inputs[0].max.d[0]).total;
 }
 
 int32_t CrispPrefillAttentionPlugin::onShapeChange(

@@ -4,14 +4,17 @@ Python-side field tests always run. The native tests build libcrisp_trt_plugin.s
 scripts/build_plugin.sh where TensorRT headers exist ($TensorRT_ROOT or third_party/TensorRT) and drive it
 through the lean runtime's plugin registry (tensorrt-lean-cu13-libs) with plugin/tests/crispPluginCheck.cpp:
 creator lookup, creation, clone, serialisation round trips, malformed collections, a fuzz, and the same
-under AddressSanitizer/UBSan with leak detection. No GPU needed. The AOT tests compile a kernel variant
-(scripts/aot_kernels.py) and its generated C++ table on the CPU. The GPU tests drive enqueue on CUDA buffers
-(plugin/tests/crispPluginHarness.cpp via scripts/aot_harness.py) and compare with crisp_prefill_attention.
+under AddressSanitizer/UBSan with leak detection, and getWorkspaceSize against the torch op's buffers. No GPU
+needed. The AOT tests compile one variant of every stage (scripts/aot_kernels.py) and their generated C++ table
+on the CPU, and check that every launch of the torch op is one the plugin makes. The GPU tests drive enqueue on
+CUDA buffers (plugin/tests/crispPluginHarness.cpp via scripts/aot_harness.py): its output must equal
+crisp_prefill_attention's exactly, and the op's JIT cubins must be the embedded ones.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from crisp_trt import CrispConfig, method_config
+from crisp_trt import CrispConfig, crisp_prefill_attention, method_config
 from crisp_trt import plugin
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +64,9 @@ def _build(name: str, *cmake_args: str) -> Path:
 
 @pytest.fixture(scope="session")
 def built() -> Path:
-    return _build("plugin", "-DCRISP_TRT_CUDA_ARCHITECTURES=90")
+    """The plugin; with sm_90 cubins where a GPU runs them (the CPU tests compile one variant per stage instead)."""
+    import torch
+    return _build("plugin", f"-DCRISP_TRT_CUDA_ARCHITECTURES={'90' if torch.cuda.is_available() else 'none'}")
 
 
 @pytest.fixture(scope="session")
@@ -118,7 +123,7 @@ def test_field_collection_with_tensorrt_bindings():
     except ImportError as e:
         pytest.skip(f"TensorRT Python bindings not importable: {e}")
     fc = plugin.field_collection(CrispConfig(), 32, 8, 128, trt=trt)
-    assert len(fc) == 17
+    assert len(fc) == len(CrispConfig().to_dict()) + 3
 
 
 class _FakeRegistry:
@@ -151,7 +156,7 @@ def test_field_collection_maps_types():
     fc = plugin.field_collection(CrispConfig(), 9, 3, 64, trt=fake)
     assert [(n, k) for n, _, k in fc][:5] == [("block_size", "i"), ("last_q", "i"), ("sink_tokens", "i"),
                                               ("local_blocks", "i"), ("kappa", "f")]
-    assert dict((n, k) for n, _, k in fc)["routing"] == "c" and len(fc) == 17
+    assert dict((n, k) for n, _, k in fc)["routing"] == "c" and len(fc) == len(CrispConfig().to_dict()) + 3
 
 
 # --- native: the library through the lean runtime's registry ---------------------------------------------
@@ -173,7 +178,8 @@ def test_schema_matches_python(built, lean_runtime):
 def test_create_clone_roundtrip_build_queries_malformed(built, lean_runtime):
     run = _check(built, lean_runtime, "check")
     assert run.returncode == 0 and "ok 0 failures" in run.stdout, run.stdout + run.stderr
-    assert "ok malformed 166/166 rejected" in run.stdout  # each with one error through the logger
+    rejected = re.search(r"ok malformed (\d+)/(\d+) rejected", run.stdout)  # each logging one error
+    assert rejected and rejected[1] == rejected[2] and int(rejected[1]) >= 176
     assert 'ok logged: CrispPrefillAttention: createPlugin: missing field "block_size"' in run.stdout
 
 
@@ -221,73 +227,126 @@ def test_sanitizers_clean(built_asan, lean_runtime, args):
 
 # --- AOT: the kernels compiled ahead of time (CPU) ---------------------------------------------------------
 
+KERNELS_CPP = ROOT / "plugin" / "crispPrefillAttentionKernels.cpp"
+
+
 @pytest.fixture(scope="session")
-def aot_image(tmp_path_factory):
-    """One attend variant compiled for sm_90, in a process without TRITON_INTERPRET (conftest sets it on CPU,
-    and the interpreter's kernels cannot be compiled)."""
+def aot_images(tmp_path_factory):
+    """One variant of every stage compiled for sm_90, in a process without TRITON_INTERPRET (conftest sets it on
+    CPU, and the interpreter's kernels cannot be compiled)."""
     import pickle
-    path = tmp_path_factory.mktemp("aot") / "image.pickle"
-    code = ("import pickle, sys, aot_kernels as a; v = next(a.variants(a.KERNELS['attend'], [(9, 3)], 8192)); "
-            "pickle.dump(a.compile_image('attend', v, 90), open(sys.argv[1], 'wb'))")
+    path = tmp_path_factory.mktemp("aot") / "images.pickle"
+    code = ("import pickle, sys, aot_kernels as a; pickle.dump([a.compile_image(s, next(a.variants(s)), 90) "
+            "for s in a.KERNELS], open(sys.argv[1], 'wb'))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])
-    run = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     return pickle.loads(path.read_bytes())
 
 
-def test_aot_image_matches_the_launch_contract(aot_image):
-    assert aot_image.cubin[:4] == b"\x7fELF" and aot_image.kernel == "attend_kernel" and aot_image.shared > 0
-    names = [name for name, _ in aot_image.params]
-    assert names[-2:] == ["global_scratch", "profile_scratch"] and names[0] == "q_ptr"
-    assert aot_image.constexprs["NQB"] == 8192 // aot_image.constexprs["BLOCK"]
-    assert aot_image.constexprs["MAXK"] == 1 and aot_image.constexprs["INTERPRET"] == 0
+def test_aot_images_match_the_launch_contract(aot_images):
+    import aot_kernels
+    from crisp_trt.kernels import launch
+    assert [i.stage for i in aot_images] == list(aot_kernels.KERNELS)
+    for image in aot_images:
+        fn = aot_kernels.KERNELS[image.stage]
+        assert image.cubin[:4] == b"\x7fELF" and image.kernel == image.stage + "_kernel"
+        assert [n for n, _ in image.params] == aot_kernels.runtime_names(fn) + list(aot_kernels.HIDDEN)
+        fixed = {**launch.fixed(image.constexprs.get("BLOCK", 0)), "INTERPRET": 0}  # this process interprets
+        assert {n: v for n, v in image.constexprs.items() if n not in image.variant} == \
+            {n: int(fixed[n]) for n in launch.constexpr_names(fn) if n in fixed}
 
 
-@pytest.mark.parametrize("block,d", [(64, 64), (64, 256), (128, 128), (128, 64)])
-def test_aot_options_match_the_torch_launcher(aot_image, monkeypatch, block, d):
-    """The cubins are built with the num_warps/num_stages and constexpr names attend.attend launches with."""
+def _cpp_steps_and_args() -> tuple[list[str], set[str]]:
+    """The stages crispLaunchPrefill launches, in order, and the names of its launch arguments."""
+    text = KERNELS_CPP.read_text()
+    return re.findall(r'step\("(\w+)"', text), set(re.findall(r'(?:pointer|int|float)Arg\("(\w+)"', text))
+
+
+@pytest.mark.parametrize("cfg,heads,d", [(CrispConfig(block_size=64, dense_below=0), (4, 2), 64),
+                                         (method_config("flexprefill").replace(dense_below=0, last_q=32), (6, 2), 128),
+                                         (method_config("crisp_jsd").replace(block_size=64, min_budget=0), (3, 3), 256)])
+def test_aot_options_match_the_torch_launcher(monkeypatch, cfg, heads, d):
+    """Every launch of the torch op is one the plugin makes: a cubin the AOT build compiles (same variant
+    constexprs, fixed constexprs and num_warps/num_stages), in crispLaunchPrefill's order, with runtime
+    arguments the C++ table provides."""
     import aot_kernels
     import torch
-    from crisp_trt.kernels import attend as attend_module
-    spec = aot_kernels.KERNELS["attend"]
-    seen = {}
+    from triton.runtime.jit import KernelInterface
+    from crisp_trt.kernels import launch
+    from crisp_trt.kernels.pipeline import crisp_cuda
+    seen = []
+    monkeypatch.setattr(KernelInterface, "__getitem__",
+                        lambda fn, grid: lambda *args, **kwargs: seen.append((launch.name(fn), args, kwargs)))
+    q = torch.zeros(300, heads[0], d, dtype=torch.float16)
+    k = torch.zeros(300, heads[1], d, dtype=torch.float16)
+    crisp_cuda(q, k, k, torch.tensor([0, 100, 300], dtype=torch.int32), 300, cfg)
+    steps, cpp_args = _cpp_steps_and_args()
+    assert [stage for stage, _, _ in seen] == [s for s in steps if s != "route_jsd" or cfg.routing == "jsd"]
+    for stage, args, kwargs in seen:
+        fn = aot_kernels.KERNELS[stage]
+        consts = {n: v for n, v in kwargs.items() if n in launch.constexpr_names(fn)}
+        assert set(consts) == set(launch.constexpr_names(fn))
+        variant = {"dtype": "fp16" if aot_kernels.has_dtype(fn) else "",
+                   **{n: consts[n] for n in aot_kernels.variant_names(fn)}}
+        assert variant in list(aot_kernels.variants(stage)), (stage, variant)
+        options = {n: kwargs[n] for n in ("num_warps", "num_stages")}
+        assert options == launch.options(stage, consts.get("BLOCK", 0), consts.get("D", 0))
+        runtime = aot_kernels.runtime_names(fn)
+        assert len(args) + len(set(kwargs) & set(runtime)) == len(runtime)
+        assert set(runtime) <= cpp_args and set(aot_kernels.variant_names(fn)) <= cpp_args
 
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: seen.update(kwargs)
 
-    monkeypatch.setattr(attend_module, "attend_kernel", Recorder())
-    q = torch.zeros(block, 2, d, dtype=torch.float16)
-    idx, counts = torch.zeros(1, 2, 1, 1, dtype=torch.int32), torch.zeros(1, 2, 1, dtype=torch.int32)
-    attend_module.attend(q, q[:, :1], q[:, :1], torch.tensor([0, block], dtype=torch.int32), idx, counts,
-                         torch.ones(1, dtype=torch.int32), block)
-    variant = {"BLOCK": block, "D": d}
-    assert {k: seen[k] for k in ("num_warps", "num_stages")} == spec.options(variant)
-    assert set(aot_image.constexprs) == set(seen) - {"num_warps", "num_stages"}
-
-
-def test_aot_generated_table_compiles(aot_image, tmp_path):
+def test_aot_generated_table_compiles(aot_images, tmp_path):
     import aot_compile
-    cubin = tmp_path / "attend.cubin"
-    cubin.write_bytes(aot_image.cubin)
-    for name, images in (("one.cpp", [aot_image]), ("empty.cpp", [])):
-        (tmp_path / name).write_text(aot_compile.render(images, [cubin.resolve()], 8192))
+    paths = []
+    for i, image in enumerate(aot_images):
+        paths.append((tmp_path / f"{image.stage}_{i}.cubin").resolve())
+        paths[-1].write_bytes(image.cubin)
+    for name, images in (("all.cpp", aot_images), ("empty.cpp", [])):
+        (tmp_path / name).write_text(aot_compile.render(images, paths))
         run = subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-c", "-I", str(ROOT / "plugin"),
                               str(tmp_path / name), "-o", str(tmp_path / (name + ".o"))], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
-    symbols = subprocess.run(["nm", str(tmp_path / "one.cpp.o")], capture_output=True, text=True).stdout
-    assert "crispKernelImages" in symbols and "crispKernelMaxSeqLen" in symbols
+    symbols = subprocess.run(["nm", str(tmp_path / "all.cpp.o")], capture_output=True, text=True).stdout
+    assert "crispKernelImages" in symbols and symbols.count("crisp_cubin_") >= len(aot_images)
+
+
+WORKSPACE_CASES = [(CrispConfig(), (32, 8, 128), 8192, 1), (CrispConfig(), (32, 8, 128), 131072, 1),
+                   (method_config("crisp_jsd"), (9, 3, 64), 13394, 5),
+                   (CrispConfig(block_size=64, last_q=32, min_budget=0, max_budget=64), (1, 1, 256), 1000, 3),
+                   (CrispConfig(), (32, 8, 128), 524288, 1)]
+
+
+@pytest.mark.parametrize("cfg,heads,tokens,batch", WORKSPACE_CASES)
+def test_workspace_matches_the_torch_buffers(built, lean_runtime, tmp_path, cfg, heads, tokens, batch):
+    """getWorkspaceSize = the torch op's buffers (launch.buffers) for that profile maximum, each 256-aligned."""
+    import math
+    import torch
+    from crisp_trt.kernels import launch
+    (tmp_path / "fields").write_text(_serialised(plugin.plugin_fields(cfg, *heads)))
+    run = _check(built, lean_runtime, "workspace", str(tmp_path / "fields"), str(tokens), str(batch))
+    assert run.returncode == 0, run.stdout + run.stderr
+    got = int(run.stdout.split("workspace ")[1])
+    shapes = launch.buffers(batch, *heads, cfg, launch.Sizes.of(tokens, cfg))
+    sizes = [math.prod(shape) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+             for shape, dtype in shapes.values()]
+    assert got == sum(-(-b // 256) * 256 for b in sizes)
 
 
 # --- GPU: enqueue on CUDA buffers vs the torch op ----------------------------------------------------------
 
-GPU_CASES = [  # (id, sequence lengths, heads, kv heads, head_dim, dtype, block)
-    ("8k", [8192], 32, 8, 128, "bfloat16", 128),
-    ("128k", [131072], 32, 8, 128, "bfloat16", 128),
-    ("varlen", [1000, 4096, 37, 8197, 64], 32, 8, 128, "float16", 128),
-    ("gqa9-3-d64", [8192], 9, 3, 64, "bfloat16", 64),
-    ("gqa9-3-d64-b128", [3000, 5000], 9, 3, 64, "float16", 128),
+SPARSE = CrispConfig(dense_below=1024)
+GPU_CASES = [  # (id, sequence lengths, heads, kv heads, head_dim, dtype, config)
+    ("8k", [8192], 32, 8, 128, "bfloat16", SPARSE),
+    ("128k", [131072], 32, 8, 128, "bfloat16", SPARSE),
+    ("varlen", [1000, 4096, 37, 8197, 64], 32, 8, 128, "float16", SPARSE),
+    ("gqa9-3-d64-b64", [8192], 9, 3, 64, "bfloat16", SPARSE.replace(block_size=64)),
+    ("gqa9-3-d64-b128", [3000, 5000], 9, 3, 64, "float16", SPARSE),
+    ("flexprefill-8k", [8192], 32, 8, 128, "bfloat16", method_config("flexprefill")),
+    ("jsd-gamma-9-3", [6000, 2000], 9, 3, 64, "bfloat16", method_config("crisp_jsd").replace(budget="cumulative")),
+    ("dense-8k", [8192], 32, 8, 128, "bfloat16", CrispConfig(dense_below=1 << 30)),
 ]
 
 
@@ -303,17 +362,47 @@ def harness(built):
 
 
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
-def test_enqueue_matches_the_torch_op(harness, case):
-    import dataclasses
+def test_enqueue_equals_the_torch_op(harness, case):
+    """Same kernels, same launches: the plugin's output is the op's (max_seqlen = tokens), bit for bit."""
     import aot_harness
     import torch
-    _, lens, heads, kv_heads, d, dtype, block = case
-    dtype = getattr(torch, dtype)
-    cfg = dataclasses.replace(aot_harness.DENSE, block_size=block)
-    out, ref, _, _, handle = aot_harness.run_both(harness, lens, heads, kv_heads, d, dtype, cfg)
+    _, lens, heads, kv_heads, d, dtype, cfg = case
+    out, ref, _, _, handle = aot_harness.run_both(harness, lens, heads, kv_heads, d, getattr(torch, dtype), cfg)
     harness.destroy(handle)
     diff = (out.float() - ref.float()).abs().max().item()
-    ulp = torch.finfo(dtype).eps * ref.float().abs().max().item()
-    print(f"{case[0]}: max |plugin - torch op| = {diff:.3g} (1 ulp of max |out| = {ulp:.3g}); "
-          f"registry: {harness.runtime or 'getCreators'}")
-    assert torch.isfinite(out).all() and diff <= ulp
+    print(f"{case[0]}: max |plugin - torch op| = {diff}; registry: {harness.runtime or 'getCreators'}")
+    assert torch.isfinite(out).all() and torch.equal(out, ref)
+
+
+def test_enqueue_poisons_bad_inputs(harness):
+    import aot_harness
+    import torch
+    q, k, v, cu = aot_harness.inputs([3000, 2000], 9, 3, 64, torch.float16)
+    handle, out = harness.create(SPARSE, 9, 3, 64, False, q.shape[0], 2), torch.empty_like(q)
+    k[1234, 1, 5] = float("inf")
+    harness.enqueue(handle, q, k, v, cu, out)
+    assert torch.isnan(out).all()
+    k[1234, 1, 5] = 0.0
+    harness.enqueue(handle, q, k, v, torch.tensor([0, 3001, 5000], dtype=torch.int32, device="cuda"), out)
+    torch.cuda.synchronize()
+    harness.destroy(handle)
+    assert torch.isnan(out).all()
+
+
+def test_the_torch_op_runs_the_embedded_cubins(harness, built):
+    """The op's JIT-compiled kernels are byte-identical to the cubins the plugin embeds (sha256 in the table)."""
+    import hashlib
+    import aot_harness
+    import aot_kernels
+    import torch
+    embedded = set(re.findall(r"sha256 ([0-9a-f]{16})", (built / "aot" / "crispKernelImages.cpp").read_text()))
+    for cfg in (SPARSE, method_config("crisp_jsd").replace(budget="cumulative")):
+        q, k, v, cu = aot_harness.inputs([8192], 9, 3, 64, torch.bfloat16)
+        crisp_prefill_attention(q, k, v, config=cfg, cu_seqlens=cu)
+    torch.cuda.synchronize()
+    missing = []
+    for stage, fn in aot_kernels.KERNELS.items():
+        for compiled in fn.device_caches[torch.cuda.current_device()][0].values():
+            if hashlib.sha256(compiled.asm["cubin"]).hexdigest()[:16] not in embedded:
+                missing.append(stage)
+    assert not missing, f"JIT cubins not in the plugin: {missing}"

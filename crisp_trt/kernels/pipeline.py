@@ -101,12 +101,11 @@ class Stages:
         """Per (sequence, head, query block): the off-diagonal key-block list and its count."""
         cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
         self.idx, self.counts, scratch = (self._buffer(n) for n in ("idx", "counts", "scratch"))
-        floor = cfg.budget == "floor"
         run(select_kernel, (-(-z.nb // QG), heads, seqs), self.cu, self.route_, self.columns, self.cols, self.ncols,
             self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, self.idx, self.counts, self.scale,
             *self.knobs, cfg.min_blocks, cfg.max_blocks, self.total, heads, heads // self.kv_heads, z.nb, z.maxk,
             cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
-            block=cfg.block_size, d=self.d, D=self.d, FLOOR=floor, MIN_TOP=(not floor) and cfg.min_blocks > 0)
+            block=cfg.block_size, d=self.d, D=self.d, FLOOR=cfg.budget == "floor", MIN_TOP=cfg.min_blocks > 0)
 
     def plan(self) -> Plan:
         self.estimate()

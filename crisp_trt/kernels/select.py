@@ -146,4 +146,4 @@ def select_kernel(cu_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr,
     if route == 2:
         _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, row_ok, nb, sm_scale,
                            kappa, quantile, gamma, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL, SAMPLES, D,
-                           FLOOR, MIN_TOP, QG, KC)
+                           FLOOR, MIN_TOP and not FLOOR, QG, KC)  # the floor budget has no min top-k here

@@ -7,6 +7,8 @@
  *   crisp_plugin_check <runtime.so> <plugin.so> roundtrip FILE    FILE: "name TYPE hexbytes" lines; prints
  *                                                                 getFieldsToSerialize in the same format
  *   crisp_plugin_check <runtime.so> <plugin.so> fuzz N SEED       N random/malformed collections
+ *   crisp_plugin_check <runtime.so> <plugin.so> workspace FILE TOKENS BATCH
+ *                                                                 getWorkspaceSize for that profile maximum
  *
  * <runtime.so> is a TensorRT runtime exporting getPluginRegistry (libnvinfer_lean.so from the
  * tensorrt-lean-cu13-libs wheel); the plugin is loaded through its IPluginRegistry::loadLibrary.
@@ -116,7 +118,8 @@ FieldSet validFields()
 {
     FieldSet s;
     s.fields = {intField("block_size", 128), intField("last_q", 0), intField("sink_tokens", 4),
-        intField("local_blocks", 1), floatField("kappa", 8.F), floatField("floor_quantile", 0.5F),
+        intField("local_blocks", 1), floatField("kappa", 8.F), floatField("coverage", 0.9F),
+        floatField("floor_quantile", 0.5F),
         floatField("tau", 0.5F), intField("min_budget", 512), intField("max_budget", 16384),
         intField("dense_below", 1024), charField("routing", "struct"), charField("budget", "floor"),
         floatField("gamma", 0.9F), intField("floor_samples", 64), intField("num_heads", 32),
@@ -239,8 +242,8 @@ void checkBuildQueries(IPluginV3& plugin)
         expect(build->getOutputDataTypes(&out, 1, types, 4) == 0 && out == type, "output type follows q");
         expect(build->configurePlugin(io, 4, io + 4, 1) == 0, "configurePlugin");
         size_t const ws = build->getWorkspaceSize(io, 4, io + 4, 1);
-        size_t const rows = 8 * 32 * (maxTokens / 128); // at least batch * heads * query blocks (crispWorkspaceLayout)
-        expect(ws >= (8 + 2 * rows) * sizeof(int32_t), "workspace covers dense, idx and counts at max shape");
+        size_t const rows = 8 * 32 * (maxTokens / 128); // batch * heads * blocks: select's scratch is rows * blocks floats
+        expect(ws >= rows * (maxTokens / 128) * sizeof(float), "workspace covers select's scratch at max shape");
         io[1].desc.dims.d[1] = 7;
         expect(build->configurePlugin(io, 4, io + 4, 1) != 0, "configurePlugin rejects wrong kv heads");
     }
@@ -291,7 +294,8 @@ std::vector<std::pair<std::string, std::function<void(FieldSet&)>>> malformedCas
         {"sink_tokens", intField("sink_tokens", -1)}, {"sink_tokens", intField("sink_tokens", 65537)},
         {"local_blocks", intField("local_blocks", 0)}, {"local_blocks", intField("local_blocks", 65)},
         {"kappa", floatField("kappa", -1.F)}, {"kappa", floatField("kappa", nan)},
-        {"kappa", floatField("kappa", INFINITY)}, {"floor_quantile", floatField("floor_quantile", 1.5F)},
+        {"kappa", floatField("kappa", INFINITY)}, {"coverage", floatField("coverage", 1.5F)},
+        {"coverage", floatField("coverage", nan)}, {"floor_quantile", floatField("floor_quantile", 1.5F)},
         {"tau", floatField("tau", -0.1F)}, {"min_budget", intField("min_budget", -1)},
         {"min_budget", intField("min_budget", 20000)}, {"max_budget", intField("max_budget", 64)},
         {"dense_below", intField("dense_below", -1)}, {"routing", charField("routing", "structs")},
@@ -309,8 +313,10 @@ std::vector<std::pair<std::string, std::function<void(FieldSet&)>>> malformedCas
 
 int check(Runtime& rt)
 {
-    expect(rt.creator->getFieldNames() != nullptr && rt.creator->getFieldNames()->nbFields == 17, "17 fields");
     FieldSet valid = validFields();
+    int32_t const nbFields = static_cast<int32_t>(valid.fields.size());
+    expect(rt.creator->getFieldNames() != nullptr && rt.creator->getFieldNames()->nbFields == nbFields,
+        std::to_string(nbFields) + " fields");
     std::string const expected = describe(valid.collection());
     PluginPtr plugin = create(rt, valid.collection());
     expect(plugin != nullptr, "create from valid fields");
@@ -324,7 +330,8 @@ int check(Runtime& rt)
     expect(attached != nullptr && roundTrips(rt, *attached, expected), "attachToContext round-trips");
 
     FieldSet nulTerminated = validFields();
-    nulTerminated.fields[10] = makeField("routing", PluginFieldType::kCHAR, "jsd", 4, 4);
+    for (auto& f : nulTerminated.fields)
+        if (f.name == "routing") f = makeField("routing", PluginFieldType::kCHAR, "jsd", 4, 4);
     expect(create(rt, nulTerminated.collection()) != nullptr, "NUL-terminated string accepted");
     expect(create(rt, nullptr) == nullptr, "null collection rejected");
     PluginFieldCollection negative{-3, nullptr};
@@ -365,14 +372,14 @@ int fuzz(Runtime& rt, int64_t n, uint32_t seed)
             switch (pick(0, 9))
             {
             case 0: s.fields.erase(s.fields.begin() + pick(0, static_cast<int32_t>(s.fields.size()) - 1)); break;
-            case 1: s.fields.push_back(base.fields[pick(0, 16)]); break;
+            case 1: s.fields.push_back(base.fields[pick(0, static_cast<int32_t>(base.fields.size()) - 1)]); break;
             case 2: f.type = static_cast<PluginFieldType>(pick(0, 12)); break;
             case 3: f.length = pick(-4, 200); break;
             case 4: f.bytes.clear(); break;
             case 5:
                 for (auto& b : f.bytes) b = static_cast<char>(pick(0, 255));
                 break;
-            case 6: f.name = base.fields[pick(0, 16)].name + (pick(0, 3) == 0 ? "x" : ""); break;
+            case 6: f.name = base.fields[pick(0, static_cast<int32_t>(base.fields.size()) - 1)].name + (pick(0, 3) == 0 ? "x" : ""); break;
             case 7: std::shuffle(s.fields.begin(), s.fields.end(), rng); break;
             default:
             {
@@ -407,7 +414,8 @@ int fuzz(Runtime& rt, int64_t n, uint32_t seed)
     return gFailures == 0 ? 0 : 1;
 }
 
-int roundtrip(Runtime& rt, char const* path)
+// FILE: "name TYPE hexbytes" lines (tests/test_plugin.py writes them from crisp_trt.plugin.plugin_fields).
+FieldSet readFields(char const* path)
 {
     std::ifstream in(path);
     FieldSet s;
@@ -423,6 +431,12 @@ int roundtrip(Runtime& rt, char const* path)
         auto const length = static_cast<int32_t>(t == PluginFieldType::kCHAR ? bytes.size() : bytes.size() / 4);
         s.fields.push_back(makeField(name, t, bytes.data(), bytes.size(), length));
     }
+    return s;
+}
+
+int roundtrip(Runtime& rt, char const* path)
+{
+    FieldSet s = readFields(path);
     PluginPtr p = create(rt, s.collection());
     if (p == nullptr)
     {
@@ -434,6 +448,39 @@ int roundtrip(Runtime& rt, char const* path)
     return 0;
 }
 
+// Prints getWorkspaceSize for a profile of at most `tokens` tokens in `batch` sequences (after configurePlugin).
+int workspace(Runtime& rt, char const* path, int64_t tokens, int64_t batch)
+{
+    FieldSet s = readFields(path);
+    PluginPtr p = create(rt, s.collection());
+    if (p == nullptr)
+    {
+        std::printf("REJECTED\n");
+        return 2;
+    }
+    auto field = [&s](char const* name) {
+        int32_t v = 0;
+        for (auto const& f : s.fields)
+            if (f.name == name) std::memcpy(&v, f.bytes.data(), 4);
+        return static_cast<int64_t>(v);
+    };
+    int64_t const heads = field("num_heads");
+    int64_t const kvHeads = field("num_kv_heads");
+    int64_t const dim = field("head_dim");
+    DynamicPluginTensorDesc io[5] = {tensor(DataType::kHALF, {-1, heads, dim}, {tokens, -1, -1}),
+        tensor(DataType::kHALF, {-1, kvHeads, dim}, {tokens, -1, -1}),
+        tensor(DataType::kHALF, {-1, kvHeads, dim}, {tokens, -1, -1}), tensor(DataType::kINT32, {-1}, {batch + 1}),
+        tensor(DataType::kHALF, {-1, heads, dim}, {tokens, -1, -1})};
+    auto* build = static_cast<IPluginV3OneBuild*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    if (build->configurePlugin(io, 4, io + 4, 1) != 0)
+    {
+        std::printf("REJECTED configurePlugin\n");
+        return 2;
+    }
+    std::printf("workspace %zu\n", build->getWorkspaceSize(io, 4, io + 4, 1));
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv)
@@ -441,7 +488,9 @@ int main(int argc, char** argv)
     Runtime rt;
     if (argc < 4 || !load(argv[1], argv[2], rt))
     {
-        std::printf("usage: %s <runtime.so> <plugin.so> fields|check|roundtrip FILE|fuzz N SEED\n", argv[0]);
+        std::printf("usage: %s <runtime.so> <plugin.so> fields|check|roundtrip FILE|fuzz N SEED|workspace FILE TOKENS "
+                    "BATCH\n",
+            argv[0]);
         return 2;
     }
     std::string const command = argv[3];
@@ -455,6 +504,7 @@ int main(int argc, char** argv)
     if (command == "check") return check(rt);
     if (command == "roundtrip" && argc == 5) return roundtrip(rt, argv[4]);
     if (command == "fuzz" && argc == 6) return fuzz(rt, std::atoll(argv[4]), static_cast<uint32_t>(std::atoll(argv[5])));
+    if (command == "workspace" && argc == 7) return workspace(rt, argv[4], std::atoll(argv[5]), std::atoll(argv[6]));
     std::printf("unknown command %s\n", command.c_str());
     return 2;
 }
