@@ -16,10 +16,10 @@ if ls .whl/tensorrt_lean*.whl >/dev/null 2>&1; then
     step "lean runtime" python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/tensorrt_lean*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-step build timeout 240 scripts/build_plugin.sh third_party/TensorRT -DCRISP_TRT_CUDA_ARCHITECTURES=90
-step pytest timeout 240 bash -c "python3 -m pytest -q -rs -s tests/test_plugin.py -k 'not sanitizers' 2>&1 | tee '$OUT/pytest.log'; exit \${PIPESTATUS[0]}"
-step memcheck timeout 200 bash -c "compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/aot_harness.py --smoke > '$OUT/memcheck.log' 2>&1; rc=\$?; tail -3 '$OUT/memcheck.log'; exit \$rc"
-step timing timeout 150 python3 scripts/aot_harness.py --json "$OUT/plugin_timing.json"
+step build timeout 150 scripts/build_plugin.sh third_party/TensorRT -DCRISP_TRT_CUDA_ARCHITECTURES=90
+step pytest timeout 200 bash -c "python3 -m pytest -q -rs -s tests/test_plugin.py -k 'not sanitizers' 2>&1 | tee '$OUT/pytest.log'; exit \${PIPESTATUS[0]}"
+step memcheck timeout 120 bash -c "compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/aot_harness.py --smoke > '$OUT/memcheck.log' 2>&1; rc=\$?; tail -3 '$OUT/memcheck.log'; exit \$rc"
+step timing timeout 100 python3 scripts/aot_harness.py --json "$OUT/plugin_timing.json"
 echo "== summary"
 grep -E "passed|failed" "$OUT/pytest.log" | tail -1
 grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
