@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 ROUTINGS = ("struct", "jsd")
 BUDGETS = ("floor", "cumulative")
+KAPPA_HALVINGS = 3  # kappa, kappa/2, kappa/4, kappa/8 (see CrispConfig.coverage)
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class CrispConfig:
     sink_tokens    first tokens always attended (their key blocks are always kept).
     local_blocks   offset blocks next to the diagonal always kept (≥ 1; the diagonal is always computed).
     kappa          keep an entry iff it exceeds kappa × noise floor; 0 keeps every entry with mass.
+    coverage       target C_struct of a head's vertical-slash selection (budget="floor"): while it falls
+                   short, kappa halves, at most KAPPA_HALVINGS times — a diffuse head keeps more columns
+                   and diagonals instead of losing mass; 0 disables (kappa fixed).
     floor_quantile quantile of the non-sink, non-local block means that estimates the noise floor.
     tau            routing threshold: "struct" routes vertical-slash iff C_struct ≥ tau;
                    "jsd" routes vertical-slash iff sqrt(JSD) ≥ tau. tau = 0 → every head vertical-slash.
@@ -39,6 +43,7 @@ class CrispConfig:
     sink_tokens: int = 4
     local_blocks: int = 1
     kappa: float = 8.0
+    coverage: float = 0.9
     floor_quantile: float = 0.5
     tau: float = 0.5
     min_budget: int = 512
@@ -66,7 +71,7 @@ class CrispConfig:
                      "max_budget", "dense_below", "floor_samples"):
             if not is_int(name):
                 raise TypeError(f"CrispConfig.{name}={getattr(self, name)!r}: expected an int")
-        for name in ("kappa", "floor_quantile", "tau", "gamma"):
+        for name in ("kappa", "coverage", "floor_quantile", "tau", "gamma"):
             if not is_num(name):
                 raise TypeError(f"CrispConfig.{name}={getattr(self, name)!r}: expected a finite number")
         need(self.block_size in (64, 128), "block_size", "64 or 128")
@@ -85,6 +90,7 @@ class CrispConfig:
         need(self.routing in ROUTINGS, "routing", " or ".join(map(repr, ROUTINGS)))
         need(self.budget in BUDGETS, "budget", " or ".join(map(repr, BUDGETS)))
         need(0.0 < self.gamma <= 1.0, "gamma", "a number in (0, 1]")
+        need(0.0 <= self.coverage <= 1.0, "coverage", "a number in [0, 1]")
         need(self.floor_samples in (16, 32, 64, 128), "floor_samples", "16, 32, 64 or 128")
 
     # Derived, block-granular quantities shared by the reference and the kernels.
@@ -92,6 +98,12 @@ class CrispConfig:
     def window(self) -> int:
         """Rows L of the proxy map."""
         return self.last_q or self.block_size
+
+    def kappas(self) -> tuple[float, ...]:
+        """The kappa ladder of the vertical-slash selection: kappa, then halvings while C_struct < coverage."""
+        if self.coverage == 0 or self.budget != "floor":
+            return (float(self.kappa),)
+        return tuple(float(self.kappa) / 2 ** j for j in range(KAPPA_HALVINGS + 1))
 
     @property
     def sink_blocks(self) -> int:

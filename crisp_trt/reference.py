@@ -181,25 +181,29 @@ def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConf
     s_lo = min(local, nb)
     s_hi = max(s_lo, nb - 1 - sink) if sink > 0 else nb
     columns = torch.zeros(heads, nb, dtype=torch.bool)
-    offsets = torch.zeros(heads, nb, dtype=torch.bool)
-    columns[:, :v_lo] = True
-    offsets[:, :s_lo] = True
-    for h in range(heads):
-        vs, vm, ss, sm = est.vsum[h], est.vmax[h], est.ssum[h], est.smax[h]
-        v_always = vs.sum() - vs[v_lo:v_hi].sum()
-        s_always = ss.sum() - ss[s_lo:s_hi].sum()
-        columns[h, v_lo:v_hi] = _keep(vm[v_lo:v_hi], vs[v_lo:v_hi], width[v_lo:v_hi], v_always, cfg)
-        offsets[h, s_lo:s_hi] = _keep(sm[s_lo:s_hi], ss[s_lo:s_hi], width[s_lo:s_hi], s_always, cfg)
-    distances = offsets.clone()
-    distances[:, 1:] |= offsets[:, :-1]  # offset block ob touches distances ob and ob + 1
+    distances = torch.zeros(heads, nb, dtype=torch.bool)
     c_struct = torch.zeros(heads)
     jsd = torch.zeros(heads)
     pooled_k = _expand_kv(pool_blocks(k, block), heads)  # [NB, H, d]
     rows = min(cfg.window, n)
     pooled_q = q[n - rows:].float().mean(0)  # [H, d]
     for h in range(heads):
-        union = vertical_slash_union(columns[h], distances[h], nb - 1)
-        c_struct[h] = est.vsum[h].cpu()[union].sum().clamp(0, 1)
+        vs, vm, ss, sm = est.vsum[h], est.vmax[h], est.ssum[h], est.smax[h]
+        v_always = vs.sum() - vs[v_lo:v_hi].sum()
+        s_always = ss.sum() - ss[s_lo:s_hi].sum()
+        for kappa in cfg.kappas():  # the first kappa whose selection reaches C_struct ≥ coverage, else the last
+            cfg_k = cfg.replace(kappa=kappa)
+            columns[h, :v_lo] = True
+            columns[h, v_lo:v_hi] = _keep(vm[v_lo:v_hi], vs[v_lo:v_hi], width[v_lo:v_hi], v_always, cfg_k)
+            offsets = torch.zeros(nb, dtype=torch.bool)
+            offsets[:s_lo] = True
+            offsets[s_lo:s_hi] = _keep(sm[s_lo:s_hi], ss[s_lo:s_hi], width[s_lo:s_hi], s_always, cfg_k)
+            distances[h] = offsets
+            distances[h, 1:] |= offsets[:-1]  # offset block ob touches distances ob and ob + 1
+            union = vertical_slash_union(columns[h], distances[h], nb - 1)
+            c_struct[h] = est.vsum[h].cpu()[union].sum().clamp(0, 1)
+            if c_struct[h] >= cfg.coverage:
+                break
         p_est = torch.softmax(pooled_k[:, h].cpu() @ pooled_q[h].cpu() / math.sqrt(d), 0)
         jsd[h] = jsd_distance(est.vsum[h].cpu(), p_est)
     score = c_struct if cfg.routing == "struct" else jsd

@@ -76,6 +76,8 @@ def test_estimate_matches_reference(device, lens, window, block):
 BASE = CrispConfig(block_size=64, dense_below=0, min_budget=128, max_budget=512)
 PIPELINE_CONFIGS = {
     "crisp": BASE,
+    "crisp_fixed_kappa": BASE.replace(coverage=0.0),  # no kappa ladder
+    "crisp_full_ladder": BASE.replace(coverage=1.0),  # every head down to kappa / 8
     "block_sparse": BASE.replace(tau=1.5),  # every head block-sparse: the sampled noise floor per row
     "block_sparse_capped": BASE.replace(tau=1.5, kappa=1.5, max_budget=128),  # max budget binds
     "crisp_gamma": BASE.replace(budget="cumulative"),

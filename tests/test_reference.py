@@ -70,7 +70,7 @@ def _planted(n, columns=(1000, 1500, 2100, 2900, 3300, 3700), d=64, seed=0):
 def _kept_columns(n, budget):
     q, k = _planted(n)
     cfg = CrispConfig(block_size=128, dense_below=0, min_budget=0, max_budget=1 << 20, budget=budget,
-                      sink_tokens=0, gamma=0.9)
+                      sink_tokens=0, gamma=0.9, coverage=0.0)  # the floor rule itself: kappa fixed
     sel = R.select_heads(R.estimate(q, k, cfg), q, k, cfg)
     return int(sel.columns[0].sum())
 
@@ -99,3 +99,25 @@ def test_dense_below_routes_dense():
     out, route, _, dens = R.crisp_sequence(q, k, v, CrispConfig(dense_below=1024))
     assert torch.all(route == R.ROUTE_DENSE) and torch.all(dens == 1)
     assert _rel(out, R.dense_attention(q, k, v)) < 1e-6
+
+
+def test_coverage_halves_kappa_until_cstruct_reaches_it():
+    """coverage: a head keeps the first kappa of the ladder (kappa, kappa/2, ...) whose C_struct reaches
+    coverage, else the last; coverage = 0 is the fixed-kappa rule. Lower kappa only adds blocks."""
+    q, k, _ = synthetic_qkv(1500, 6, 2, 64, seed=5)
+    q, k = q[0], k[0]
+    base = CrispConfig(block_size=64, dense_below=0, min_budget=0, kappa=16.0)
+    est = R.estimate(q, k, base)
+    fixed = {kappa: R.select_heads(est, q, k, base.replace(kappa=kappa, coverage=0.0)) for kappa in base.kappas()}
+    for cov in (0.0, 0.9, 1.0):
+        sel = R.select_heads(est, q, k, base.replace(coverage=cov))
+        for h in range(q.shape[1]):
+            ladder = base.replace(coverage=cov).kappas()
+            first = next((kp for kp in ladder if fixed[kp].c_struct[h] >= cov), ladder[-1])
+            assert torch.equal(sel.columns[h], fixed[first].columns[h])
+            assert torch.equal(sel.distances[h], fixed[first].distances[h])
+            assert float(sel.c_struct[h]) == float(fixed[first].c_struct[h])
+    lo, hi = fixed[16.0], fixed[2.0]
+    assert torch.all(hi.columns | ~lo.columns) and torch.all(hi.distances | ~lo.distances)
+    assert torch.all(hi.c_struct >= lo.c_struct)
+    assert any(fixed[16.0].c_struct[h] < 0.9 for h in range(q.shape[1])), "the ladder is never exercised"

@@ -4,7 +4,8 @@ One program per (head, sequence). From estimate's per-block vsum/vmax/ssum/smax 
 blocks (sink always, candidates by bisect.thresholds) and offset blocks (local always), turns offsets
 into diagonal distances (offset block ob touches distances ob and ob + 1), writes both as bool maps
 and as compact ascending lists for select, then C_struct = Σ vsum over the key blocks the last query
-block attends, and route = C_struct ≥ tau. With JSD routing, route_jsd_kernel (same grid, launched next)
+block attends; while C_struct < coverage, kappa halves and the selection is redone (≤ `steps` kappas,
+CrispConfig.kappas); then route = C_struct ≥ tau. With JSD routing, route_jsd_kernel (same grid, launched next)
 overwrites the route with sqrt(JSD(vsum, pooled-Q·K)) ≥ tau. Sequences below dense_below get route 0
 (dense) and dense[s] = 1.
 """
@@ -108,7 +109,7 @@ def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, 
 @kernel
 def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, keep_o_ptr, keep_d_ptr, cols_ptr,
                  ncols_ptr, dists_ptr, ndists_ptr, cstruct_ptr, route_ptr, dense_ptr, kappa, quantile, gamma, tau,
-                 min_blocks, max_blocks, dense_below, total, H, NB, BLOCK, SINK, LOCAL, MAXC, MAXD,
+                 coverage, steps, min_blocks, max_blocks, dense_below, total, H, NB, BLOCK, SINK, LOCAL, MAXC, MAXD,
                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, C: tl.constexpr):
     h = tl.program_id(0)
     s = tl.program_id(1)
@@ -132,31 +133,38 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, kee
     s_hi = nb
     if SINK > 0:
         s_hi = tl.maximum(s_lo, nb - 1 - SINK)
-    _keep_blocks(vsum_ptr, vmax_ptr, base, v_lo, v_hi, v_lo, nb, width_last, kappa, quantile, gamma, min_blocks,
-                 max_blocks, keep_c_ptr, BLOCK, FLOOR, MIN_TOP, C)
-    _keep_blocks(ssum_ptr, smax_ptr, base, s_lo, s_hi, s_lo, nb, width_last, kappa, quantile, gamma, min_blocks,
-                 max_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C)
-    tl.debug_barrier()
-    t0 = 0
-    while t0 < nb:  # distances: offset block ob touches distances ob and ob + 1
-        j = t0 + tl.arange(0, C)
-        here = tl.load(keep_o_ptr + base + j, mask=j < nb, other=0)
-        prev = tl.load(keep_o_ptr + base + j - 1, mask=(j >= 1) & (j < nb), other=0)
-        tl.store(keep_d_ptr + base + j, here | prev, mask=j < nb)
-        t0 += C
-    tl.debug_barrier()
+    c_struct = -1.0
+    kappa_j = kappa
+    j = 0
+    while (j < steps) & (c_struct < coverage):  # kappa halves while the selection's C_struct < coverage
+        _keep_blocks(vsum_ptr, vmax_ptr, base, v_lo, v_hi, v_lo, nb, width_last, kappa_j, quantile, gamma,
+                     min_blocks, max_blocks, keep_c_ptr, BLOCK, FLOOR, MIN_TOP, C)
+        _keep_blocks(ssum_ptr, smax_ptr, base, s_lo, s_hi, s_lo, nb, width_last, kappa_j, quantile, gamma,
+                     min_blocks, max_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C)
+        tl.debug_barrier()
+        t0 = 0
+        while t0 < nb:  # distances: offset block ob touches distances ob and ob + 1
+            jj = t0 + tl.arange(0, C)
+            here = tl.load(keep_o_ptr + base + jj, mask=jj < nb, other=0)
+            prev = tl.load(keep_o_ptr + base + jj - 1, mask=(jj >= 1) & (jj < nb), other=0)
+            tl.store(keep_d_ptr + base + jj, here | prev, mask=jj < nb)
+            t0 += C
+        tl.debug_barrier()
+        c_struct = 0.0
+        t0 = 0
+        while t0 < nb:  # the last query block's key blocks: kept columns ∪ kept distances
+            jj = t0 + tl.arange(0, C)
+            col = tl.load(keep_c_ptr + base + jj, mask=jj < nb, other=0)
+            diag = tl.load(keep_d_ptr + base + (nb - 1 - jj), mask=jj < nb, other=0)
+            v = tl.load(vsum_ptr + base + jj, mask=jj < nb, other=0.0)
+            c_struct += tl.sum(tl.where((col | diag) != 0, v, 0.0), 0)
+            t0 += C
+        c_struct = tl.minimum(tl.maximum(c_struct, 0.0), 1.0)
+        tl.debug_barrier()
+        kappa_j = kappa_j * 0.5
+        j += 1
     tl.store(ncols_ptr + row, _compact(keep_c_ptr, base, nb, cols_ptr, row.to(tl.int64) * MAXC, C))
     tl.store(ndists_ptr + row, _compact(keep_d_ptr, base, nb, dists_ptr, row.to(tl.int64) * MAXD, C))
-    c_struct = 0.0
-    t0 = 0
-    while t0 < nb:  # the last query block's key blocks: kept columns ∪ kept distances
-        j = t0 + tl.arange(0, C)
-        col = tl.load(keep_c_ptr + base + j, mask=j < nb, other=0)
-        diag = tl.load(keep_d_ptr + base + (nb - 1 - j), mask=j < nb, other=0)
-        v = tl.load(vsum_ptr + base + j, mask=j < nb, other=0.0)
-        c_struct += tl.sum(tl.where((col | diag) != 0, v, 0.0), 0)
-        t0 += C
-    c_struct = tl.minimum(tl.maximum(c_struct, 0.0), 1.0)
     tl.store(cstruct_ptr + row, c_struct)
     tl.store(route_ptr + row, tl.where(c_struct >= tau, 1, 2))
 
