@@ -43,7 +43,7 @@ class Harness:
                                                   ctypes.c_int64, ctypes.c_int64]
         self.lib.crisp_harness_enqueue.restype = ctypes.c_int32
         self.lib.crisp_harness_enqueue.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + \
-            [ctypes.c_void_p] * 7
+            [ctypes.c_void_p] * 6  # q, k, v, cu_seqlens, out, stream
         self.lib.crisp_harness_destroy.argtypes = [ctypes.c_void_p]
         self.lib.crisp_harness_error.restype = ctypes.c_char_p
 
