@@ -384,7 +384,7 @@ def test_enqueue_poisons_bad_inputs(harness):
     harness.enqueue(handle, q, k, v, cu, out)
     assert torch.isnan(out).all()
     k[1234, 1, 5] = 0.0
-    harness.enqueue(handle, q, k, v, torch.tensor([0, 3001, 5000], dtype=torch.int32, device="cuda"), out)
+    harness.enqueue(handle, q, k, v, torch.tensor([0, 3001, 4999], dtype=torch.int32, device="cuda"), out)  # last != total
     torch.cuda.synchronize()
     harness.destroy(handle)
     assert torch.isnan(out).all()
