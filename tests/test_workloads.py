@@ -1,36 +1,91 @@
-"""Workloads: statistics, the fitted spec, real text and (slow) real Q/K/V capture."""
+"""Workloads: the synthetic generator, its fit to SmolLM2, real text and (slow) real Q/K/V capture."""
 import importlib.util
+import json
+import math
 
 import pytest
+import torch
 
-from crisp_trt.workloads.fit import attention_stats, fitted_spec
+from crisp_trt.workloads.fit import FITTED_PATH, TOLERANCE, attention_stats, fitted_spec, synthetic_stats, \
+    within_tolerance
 from crisp_trt.workloads.real import real_text
-from crisp_trt.workloads.synthetic import SyntheticSpec, synthetic_qkv
+from crisp_trt.workloads.synthetic import SyntheticSpec, logits_at, synthetic_qkv
+
+SHARES = ("sink_share", "local_share", "top_share", "background_share")
+
+
+def test_fitted_spec_reproduces_real_stats_at_1k():
+    """Recomputed synthetic statistics of the shipped spec against the stored real ones."""
+    real = json.load(open(FITTED_PATH))["lengths"]["1024"]["real"]
+    got = synthetic_stats(fitted_spec(), 1024)
+    assert within_tolerance(real, got), (got, real)
+
+
+def test_shapes_dtypes_device_and_batch():
+    q, k, v = synthetic_qkv(300, 4, 2, 128, spec=fitted_spec(), dtype=torch.bfloat16, batch=2)
+    assert q.shape == (2, 300, 4, 128) and k.shape == v.shape == (2, 300, 2, 128)
+    assert all(t.dtype == torch.bfloat16 and t.device.type == "cpu" and torch.isfinite(t).all() for t in (q, k, v))
+    assert not torch.equal(q[0], q[1])  # batch elements are independent draws
+    if torch.cuda.is_available():
+        assert synthetic_qkv(300, 4, 2, 64, device="cuda")[0].device.type == "cuda"
+
+
+def test_deterministic_per_seed():
+    a, b, c = (synthetic_qkv(256, 4, 2, 64, seed=s) for s in (3, 3, 4))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a[1], c[1])
+
+
+def test_each_share_is_set_independently():
+    base = SyntheticSpec(sink_share=0.2, local_share=0.3, top_share=0.15, floor=0.2)
+    for share in ("sink_share", "local_share", "top_share"):
+        moved = SyntheticSpec(**{**base.__dict__, share: getattr(base, share) + 0.15})
+        a, b = synthetic_stats(base, 1024, seeds=(0, 1)), synthetic_stats(moved, 1024, seeds=(0, 1))
+        assert b[share] - a[share] > 0.1, share
+        for other in set(SHARES) - {share, "background_share"}:
+            assert abs(b[other] - a[other]) < 0.03, (share, other)
+
+
+def test_stats_do_not_depend_on_head_dim():
+    spec = fitted_spec()
+    a, b = (synthetic_stats(spec, 1024, head_dim=d, seeds=(0, 1)) for d in (64, 128))
+    assert within_tolerance(a, b)
+
+
+def test_local_window_has_no_tail():
+    """Mean logit q_i·k_{i−d}/√d over all rows i: L_l·(1 − d/W) inside the window, flat zero beyond it
+    (the old cosine features left a deterministic tail of ~0.2 L_l there, the same for every row)."""
+    spec, n = SyntheticSpec(sink_share=0.05, local_share=0.7, top_share=0.05, floor=0.3), 8192
+    local = logits_at(spec, n, 64).local
+    q, k, _ = synthetic_qkv(n, 4, 2, 64, spec=spec)
+    q, k = q[0, 1024:], k[0].repeat_interleave(2, 1)
+    dists = list(range(64)) + list(range(64, 1024, 3))
+    mean = torch.stack([(q * k[1024 - d: n - d]).sum(-1).mean() / 8.0 for d in dists])
+    assert mean[0] == pytest.approx(local, rel=0.02) and mean[32] == pytest.approx(local / 2, rel=0.1)
+    assert mean[64:].abs().max() < 0.06 * local
+
+
+def test_length_law_is_linear_in_log2_n_and_clamped():
+    spec = SyntheticSpec(sink_share=0.3, sink_slope=-0.05, local_share=0.5, local_slope=0.05, floor=0.1,
+                         floor_slope=-0.5, ref_n=1024)
+    at4k = spec.shares_at(4096)
+    assert at4k["sink_share"] == pytest.approx(0.2) and at4k["floor"] == pytest.approx(0.1 * math.exp(-1.0))
+    far = spec.shares_at(1 << 30)
+    assert far["sink_share"] == 0.0 and far["background_share"] >= 0.01 - 1e-12
+    assert spec.at(4096).ref_n == 4096 and spec.at(4096).sink_slope == 0.0
 
 
 def test_stats_respond_to_sink():
-    weak = attention_stats(*synthetic_qkv(256, 2, 1, 64, spec=SyntheticSpec(sink_logit=1.0))[:2])
-    strong = attention_stats(*synthetic_qkv(256, 2, 1, 64, spec=SyntheticSpec(sink_logit=14.0))[:2])
-    assert strong["sink_share"] > weak["sink_share"] + 0.1
+    weak = attention_stats(*synthetic_qkv(256, 2, 1, 64, spec=SyntheticSpec(sink_share=0.05))[:2])
+    strong = attention_stats(*synthetic_qkv(256, 2, 1, 64, spec=SyntheticSpec(sink_share=0.6))[:2])
+    assert strong["sink_share"] > weak["sink_share"] + 0.3
     assert 0 < weak["floor"] <= 1.0
 
 
-def test_fitted_spec_loads_and_matches_real_at_1k():
-    import json
-    import math
-
-    from crisp_trt.workloads.fit import FITTED_PATH
-
-    spec = fitted_spec()
-    assert isinstance(spec, SyntheticSpec) and spec.noise > 0 and spec.ref_n == 1024
-    assert spec.sink_per_doubling == pytest.approx(math.log(2))
-    record = json.load(open(FITTED_PATH))["lengths"]
-    assert record["1024"]["within_tolerance"] and record["2048"]["within_tolerance"]
-
-
-def test_length_law():
-    spec = SyntheticSpec(sink_logit=4.0, sink_per_doubling=1.0, ref_n=1024)
-    assert spec.at(4096).sink_logit == pytest.approx(6.0) and spec.at(4096).sink_per_doubling == 0.0
+def test_stored_fit_is_within_tolerance_at_every_measured_length():
+    record = json.load(open(FITTED_PATH))
+    assert record["tolerance"] == TOLERANCE
+    assert all(record["lengths"][str(n)]["within_tolerance"] for n in (1024, 2048, 4096, 8192))
 
 
 def test_real_text_is_long_english():

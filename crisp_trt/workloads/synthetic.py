@@ -1,98 +1,179 @@
 """Synthetic Q/K/V with controllable attention structure (DESIGN.md §6 workload b).
 
-Logits q_i·k_j/√d are built from separate feature groups so each structure has its own knob:
-  background  i.i.d. Gaussian features (near-uniform attention, noise floor ~ 1/n);
-  sink        the first `sink` keys carry a direction every query reads (logit boost `sink_logit`);
-  columns     `columns` planted key positions per kv head read by every query (`column_logit`);
-  local       positional cos/sin features whose sum peaks at i - j = 0 (width ~ `local_width` tokens);
-  slashes     positional features periodic in i - j with period `slash_period` (`slash_logit`).
-Length law: the logits and the noise are given at `ref_n` tokens and change by `*_per_doubling` for
-each doubling of n (linear in log2 n), so a spec fitted at 1k-8k (crisp_trt.workloads.fit) keeps the
-measured trend at 8k-1M. The defaults (no trend) are hand-set; `fit.fitted_spec()` is the realistic one.
+A SyntheticSpec names the attention statistics of `fit.attention_stats` (sink / local / top shares of
+the last query rows, background floor) at `ref_n` and their length law: each share moves linearly in
+log2 n (`*_slope` per doubling), ln floor likewise, clamped to valid values (`shares_at`). `logits_at`
+turns them into logits at length n in closed form, so every share is set independently at any n.
+
+Logits q_i·k_j/√d are sums over disjoint feature groups:
+  sink        the first `sink` keys carry only a sink feature: logit L_s from every query, exactly;
+  columns     `columns` planted positions per kv head carry only a column feature: logit L_c, exactly;
+  local       m = d/2 dims of white noise averaged over `local_width` W positions, normalised: the logit
+              L_l·cos(u_i, u_j) is L_l·(1 − |i−j|/W) inside the window and, beyond it, L_l times the cosine
+              of independent random unit vectors (mean 0, variance 1/m): a residual that decorrelates past
+              W, counted into the background (no periodic or structured tail);
+  slashes     cosines periodic in i − j (`slash_period`, `slash_logit`), off by default;
+  background  unit random vectors in the remaining n_bg dims: logit σ_g·√n_bg·cos, variance σ_g².
+Inversion: with M_m(a) = E[exp(a·cos)] for random unit vectors in R^m (exact by quadrature), a row of
+N_b background keys has mass N_b·M_bg·M_loc and median logit 0, so floor = 1 / (M_bg·M_loc); a share x of
+mass is (x / background_share) times the background mass. `fit.py` fits the spec to SmolLM2.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
+
+_SLASH_FREQS = 4  # cos/sin pairs of the slash feature
 
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    sink: int = 4
-    sink_logit: float = 8.0
-    columns: int = 16
-    column_logit: float = 10.0
-    local_width: int = 64
-    local_logit: float = 6.0
+    sink: int = 4  # sink keys
+    columns: int = 16  # planted retrieval columns per kv head
+    local_width: int = 64  # local window W (keys before the query)
+    sink_share: float = 0.3  # attention mass shares of the last query rows at ref_n
+    local_share: float = 0.3
+    top_share: float = 0.15
+    floor: float = 0.3  # median / mean mass of a background key (1 = uniform)
+    ref_n: int = 1024
+    sink_slope: float = 0.0  # share change per doubling of n
+    local_slope: float = 0.0
+    top_slope: float = 0.0
+    floor_slope: float = 0.0  # ln(floor) change per doubling of n
     slash_period: int = 0
     slash_logit: float = 0.0
-    noise: float = 1.0
-    ref_n: int = 1024
-    sink_per_doubling: float = 0.0
-    local_per_doubling: float = 0.0
-    column_per_doubling: float = 0.0
-    noise_per_doubling: float = 0.0
+
+    def shares_at(self, n: int) -> dict:
+        """{sink_share, local_share, top_share, background_share, floor} of the length law at n. Shares are
+        clamped to [0, 1] and scaled to leave a background of at least 1 %; the floor to (0, 1)."""
+        t = math.log2(max(n, 1) / self.ref_n)
+        out = {s: min(max(getattr(self, s) + t * getattr(self, s.replace("share", "slope")), 0.0), 1.0)
+               for s in ("sink_share", "local_share", "top_share")}
+        total = sum(out.values())
+        if total > 0.99:
+            out = {s: v * 0.99 / total for s, v in out.items()}
+        out["background_share"] = 1.0 - sum(out.values())
+        out["floor"] = min(math.exp(math.log(self.floor) + t * self.floor_slope), 0.999)
+        return out
 
     def at(self, n: int) -> "SyntheticSpec":
-        """The spec's logits and noise at length n (the length law applied; trends then zeroed)."""
-        t = math.log2(max(n, 1) / self.ref_n)
-        return replace(self, ref_n=n, sink_logit=max(self.sink_logit + t * self.sink_per_doubling, 0.0),
-                       local_logit=max(self.local_logit + t * self.local_per_doubling, 0.0),
-                       column_logit=max(self.column_logit + t * self.column_per_doubling, 0.0),
-                       noise=max(self.noise + t * self.noise_per_doubling, 0.05), sink_per_doubling=0.0,
-                       local_per_doubling=0.0, column_per_doubling=0.0, noise_per_doubling=0.0)
+        """The spec with the length law applied at n (ref_n = n, slopes zero)."""
+        sh = self.shares_at(n)
+        return replace(self, ref_n=n, sink_share=sh["sink_share"], local_share=sh["local_share"],
+                       top_share=sh["top_share"], floor=sh["floor"], sink_slope=0.0, local_slope=0.0,
+                       top_slope=0.0, floor_slope=0.0)
 
 
-def _positional(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    ang = pos[:, None].double() * freqs[None, :].double()
-    return torch.cat([torch.cos(ang), torch.sin(ang)], dim=1).float()
+class Logits(NamedTuple):
+    sink: float  # L_s
+    column: float  # L_c
+    local: float  # L_l (logit at distance 0)
+    background: float  # σ_g, std of the background-feature logit
+
+
+def _dims(head_dim: int, spec: SyntheticSpec) -> tuple[int, int]:
+    """(local dims m, background dims n_bg); dims 0 and 1 are sink and column, slashes follow local."""
+    m = head_dim // 2
+    n_bg = head_dim - 2 - m - (2 * _SLASH_FREQS if spec.slash_period else 0)
+    if n_bg < 4:
+        raise ValueError(f"head_dim={head_dim}: expected >= 32 for the synthetic feature layout")
+    return m, n_bg
+
+
+@functools.lru_cache(maxsize=None)
+def _cosine_grid(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Midpoints x of [-1, 1] and the log quadrature weights of the cosine density ∝ (1−x²)^((m−3)/2)."""
+    x = (torch.arange(2048, dtype=torch.float64) + 0.5) / 1024 - 1.0
+    logw = 0.5 * (m - 3) * torch.log1p(-x * x)
+    return x, logw - torch.logsumexp(logw, 0)
+
+
+def log_mgf(a, m: int) -> torch.Tensor:
+    """ln E[exp(a·x)], x the cosine of two independent random unit vectors of R^m; a a float or tensor."""
+    x, logw = _cosine_grid(m)
+    return torch.logsumexp(torch.as_tensor(a, dtype=torch.float64)[..., None] * x + logw, -1)
+
+
+def _bisect(f, lo: float, hi: float, want: float, steps: int = 60) -> float:
+    """x in [lo, hi] with f(x) = want, f increasing (clamped to the ends)."""
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if f(mid) < want else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def logits_at(spec: SyntheticSpec, n: int, head_dim: int) -> Logits:
+    """The logits that give spec.shares_at(n) at length n (closed form; see the module docstring)."""
+    sh, (m, n_bg), w = spec.shares_at(n), _dims(head_dim, spec), spec.local_width
+    n_b = max(n - 32 - spec.sink - w - spec.columns, 1)  # background keys of the last 64 rows, on average
+    b, floor = sh["background_share"], sh["floor"]
+    kappa = 1.0 - torch.arange(w, dtype=torch.float64) / w  # E cos(u_i, u_{i-d}) inside the window
+
+    def local_over_bg(L):  # ln(Σ_{d<W} E e^{L·cos_d} / M_loc(L)), cos_d ≈ κ_d + (1 − κ_d²)·x
+        terms = L * kappa + log_mgf(L * (1 - kappa ** 2), m)
+        return float(torch.logsumexp(terms, 0) - log_mgf(L, m))
+
+    want = math.log(max(sh["local_share"], 1e-9) * n_b / b)
+    local = _bisect(local_over_bg, 0.0, 0.9 * m, want) if want > local_over_bg(0.0) else 0.0
+    bg_want = -math.log(floor) - float(log_mgf(local, m))
+    sigma = 0.0 if bg_want <= 0 else _bisect(
+        lambda s: float(log_mgf(s * math.sqrt(n_bg), n_bg)), 0.0, 20.0, bg_want)
+
+    def structured(share, count):  # count keys holding `share`: count·e^L = share/b · N_b/floor
+        return math.log(max(share, 1e-9) * n_b / (b * floor * max(count, 1)))
+
+    return Logits(structured(sh["sink_share"], spec.sink), structured(sh["top_share"], spec.columns), local, sigma)
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def _signed_root(x: float) -> float:
+    return math.copysign(math.sqrt(abs(x)), x)
 
 
 def synthetic_qkv(n: int, heads: int, kv_heads: int, head_dim: int, *, spec: SyntheticSpec = SyntheticSpec(),
                   seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu", batch: int = 1):
-    """q [batch, n, H, d], k, v [batch, n, H_kv, d] with the structure of `spec`.
+    """q [batch, n, H, d], k, v [batch, n, H_kv, d] with the structure of `spec` at length n.
 
-    Generated on `device` with a generator of that device (a 512k Llama-shaped input takes seconds on a
-    GPU, minutes on a CPU), so the values are deterministic in (seed, device), not across devices."""
-    if head_dim < 32:
-        raise ValueError(f"head_dim={head_dim}: expected >= 32 for the synthetic feature layout")
-    spec = spec.at(n)
+    Generated on `device` with a generator of that device in O(n·d) (a 512k Llama-shaped input takes
+    seconds on a GPU), so the values are deterministic in (seed, device), not across devices."""
+    d, w, group = head_dim, spec.local_width, heads // kv_heads
+    m, n_bg = _dims(d, spec)
+    lg = logits_at(spec, n, d)
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
-    d = head_dim
-    scale = math.sqrt(d)
-    n_loc = max(8, d // 4)  # local features: their tail beyond the window is noise of std ~ 1/sqrt(n_loc) of the peak
-    n_sl = 4 if spec.slash_period else 0
-    n_bg = d - 2 - 2 * n_loc - 2 * n_sl
-    pos = torch.arange(n, device=device)
+    r = d ** 0.25  # q and k each carry d^(1/4), so q·k/√d is the product of the unscaled features
     q = torch.zeros(batch, n, heads, d, device=device)
     k = torch.zeros(batch, n, kv_heads, d, device=device)
-    # background: logit std = noise
-    bg_std = math.sqrt(spec.noise * scale / math.sqrt(n_bg))
-    q[..., :n_bg] = torch.randn(batch, n, heads, n_bg, generator=g, device=device) * bg_std
-    k[..., :n_bg] = torch.randn(batch, n, kv_heads, n_bg, generator=g, device=device) * bg_std
-    # sink (dim n_bg) and planted columns (dim n_bg + 1): `columns` distinct positions >= sink per kv head
-    q[..., n_bg] = math.sqrt(spec.sink_logit * scale)
-    k[:, : spec.sink, :, n_bg] = math.sqrt(spec.sink_logit * scale)
-    q[..., n_bg + 1] = math.sqrt(spec.column_logit * scale)
+    bg = slice(d - n_bg, d)
+    q[..., bg] = _unit(torch.randn(batch, n, heads, n_bg, generator=g, device=device)) * (lg.background * n_bg ** 0.5 * r)
+    k[..., bg] = _unit(torch.randn(batch, n, kv_heads, n_bg, generator=g, device=device)) * r
+    noise = torch.randn(batch * kv_heads, m, n + w - 1, generator=g, device=device)
+    u = _unit(F.avg_pool1d(noise, w, stride=1).view(batch, kv_heads, m, n).permute(0, 3, 1, 2)) * (lg.local ** 0.5 * r)
+    k[..., 2: 2 + m] = u
+    q[..., 2: 2 + m] = u[:, :, :, None].expand(batch, n, kv_heads, group, m).reshape(batch, n, heads, m)
+    if spec.slash_period:
+        freqs = 2 * math.pi * torch.arange(1, _SLASH_FREQS + 1, device=device) / spec.slash_period
+        ang = torch.arange(n, device=device)[:, None].double() * freqs.double()
+        feat = torch.cat([ang.cos(), ang.sin()], 1).float() * math.sqrt(spec.slash_logit / _SLASH_FREQS) * r
+        q[..., 2 + m: 2 + m + 2 * _SLASH_FREQS] = feat[None, :, None]
+        k[..., 2 + m: 2 + m + 2 * _SLASH_FREQS] = feat[None, :, None]
+    # sink and planted columns: those keys carry their own feature only, so their logits are exact
     free = max(n - spec.sink, 1)
     cols = torch.rand(batch, kv_heads, free, generator=g, device=device).topk(min(spec.columns, free), -1).indices
-    cols = (cols + spec.sink).clamp_max(n - 1)
-    col_feat = k[..., n_bg + 1].transpose(1, 2)  # [batch, H_kv, n] view
-    col_feat.scatter_(-1, cols, math.sqrt(spec.column_logit * scale))
-    # local: sum of cosines of i - j, incommensurate (golden-ratio) frequencies up to ~ 1.2 pi / local_width
-    off = n_bg + 2
-    freqs = ((torch.arange(1, n_loc + 1, device=device) * 0.6180339887) % 1.0) * (1.2 * math.pi / max(spec.local_width, 1))
-    feat = _positional(pos, freqs) * math.sqrt(spec.local_logit * scale / n_loc)
-    q[..., off: off + 2 * n_loc] = feat[None, :, None, :]
-    k[..., off: off + 2 * n_loc] = feat[None, :, None, :]
-    if n_sl:
-        off += 2 * n_loc
-        freqs = 2 * math.pi * torch.arange(1, n_sl + 1, device=device) / spec.slash_period
-        feat = _positional(pos, freqs) * math.sqrt(spec.slash_logit * scale / n_sl)
-        q[..., off: off + 2 * n_sl] = feat[None, :, None, :]
-        k[..., off: off + 2 * n_sl] = feat[None, :, None, :]
+    cols = (cols + spec.sink).clamp_max(n - 1).transpose(1, 2)  # [batch, C, H_kv]
+    k[:, : spec.sink] = 0.0
+    k.scatter_(1, cols[..., None].expand(-1, -1, -1, d), 0.0)
+    q[..., 0] = abs(lg.sink) ** 0.5 * r
+    k[:, : spec.sink, :, 0] = _signed_root(lg.sink) * r
+    q[..., 1] = abs(lg.column) ** 0.5 * r
+    k[..., 1].scatter_(1, cols, _signed_root(lg.column) * r)
     v = torch.randn(batch, n, kv_heads, d, generator=g, device=device)
     return tuple(t.to(dtype=dtype) for t in (q, k, v))
