@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from crisp_trt.workloads.fit import FITTED_PATH, TOLERANCE, attention_stats, fitted_spec, synthetic_stats, \
-    within_tolerance
+from crisp_trt.workloads.fit import FITTED_PATH, TOLERANCE, attention_stats, block_stats, fitted_spec, \
+    synthetic_stats, within_tolerance
 from crisp_trt.workloads.real import real_text
 from crisp_trt.workloads.synthetic import SyntheticSpec, logits_at, synthetic_qkv
 
@@ -19,6 +19,28 @@ def test_fitted_spec_reproduces_real_stats_at_1k():
     real = json.load(open(FITTED_PATH))["lengths"]["1024"]["real"]
     got = synthetic_stats(fitted_spec(), 1024)
     assert within_tolerance(real, got), (got, real)
+
+
+def test_block_stats_known_answer():
+    """Uniform causal rows: band shares are key counts, candidate blocks 1–6 are equal (floor 1, none kept);
+    one planted heavy key (1 % of each row) makes its block the only one kept, holding a known mass share."""
+    n, rows = 1024, 64
+    qi = torch.arange(n - rows, n)
+    p = (torch.arange(n)[None] <= qi[:, None]).float() / (qi[:, None] + 1).float()
+    got = block_stats(p, qi)
+    r = (qi + 1).float()
+    assert got["band_0_64"] == pytest.approx(float((64 / r).mean()), rel=1e-5)
+    assert got["band_64_512"] == pytest.approx(float((448 / r).mean()), rel=1e-5)
+    assert got["band_512_4096"] == pytest.approx(float(((qi - 515) / r).mean()), rel=1e-5)
+    assert got["band_4096_inf"] == 0.0
+    assert got["block_floor"] == pytest.approx(1.0) and got["block_kept"] == 0.0
+    p = p * 0.99
+    p[:, 3 * 128 + 5] += 0.01
+    got = block_stats(p, qi)
+    col = p[:, 128: 7 * 128].mean(0).view(6, 128).sum(1)
+    assert got["block_kept"] == pytest.approx(1 / 6)
+    assert got["block_kept_mass"] == pytest.approx(float(col[2] / col.sum()), rel=1e-5)
+    assert got["block_floor"] == pytest.approx(float(col.median() / col.mean()), rel=1e-5)
 
 
 def test_shapes_dtypes_device_and_batch():

@@ -37,8 +37,40 @@ STATS = SHARES + ("background_share", "floor")
 TOLERANCE = {"share_abs": 0.03, "floor_rel": 0.3}  # per-length |synthetic − real| bounds the fit must meet
 
 
+BANDS = (64, 512, 4096)  # distance-band edges of the band_* statistics (tokens back)
+BLOCK_STATS = tuple(f"band_{a}_{b}" for a, b in zip((0,) + BANDS, BANDS + ("inf",))) + (
+    "block_floor", "block_kept", "block_kept_mass")
+
+
+def block_stats(p, qi, *, sink: int = 4, local: int = 64, block: int = 128, kappa: float = 8.0) -> dict:
+    """What CRISP's block selection sees, for one head's softmax rows p [rows, n] at query positions qi.
+
+    band_a_b     mass share a ≤ distance < b tokens back (sink keys excluded), mean over rows;
+    block_floor  median / mean mass of the candidate key blocks (1 = uniform): blocks 1.. that lie wholly
+                 before every row's local window, with their top keys in (the selection sees them);
+    block_kept   fraction of candidate blocks whose max column mass exceeds kappa × the median block-mean
+                 mass (CRISP's floor rule, column mass = mean over the rows);
+    block_kept_mass  share of the candidate blocks' mass in the kept blocks."""
+    n = p.shape[1]
+    j = torch.arange(n, device=p.device)
+    dist = (qi[:, None] - j[None, :]).float()
+    dist = dist.masked_fill((dist < 0) | (j[None, :] < sink), -1.0)
+    edges = (0,) + BANDS + (float("inf"),)
+    out = {name: float((p * ((dist >= a) & (dist < b))).sum(1).mean())
+           for name, a, b in zip(BLOCK_STATS, edges[:-1], edges[1:])}
+    nb = (int(qi.min()) - local + 1) // block  # blocks [0, nb) hold no local key of any row
+    if nb < 2:
+        return {**out, "block_floor": 1.0, "block_kept": 0.0, "block_kept_mass": 0.0}
+    col = p[:, block: nb * block].mean(0).view(nb - 1, block)
+    mass, peak = col.sum(1), col.amax(1)
+    kept = peak > kappa * mass.median() / block
+    return {**out, "block_floor": float(mass.median() / mass.mean().clamp_min(1e-30)),
+            "block_kept": float(kept.float().mean()), "block_kept_mass": float(mass[kept].sum() / mass.sum())}
+
+
 def attention_stats(q, k, *, rows: int = 64, sink: int = 4, local: int = 64, columns: int = 16) -> dict:
-    """q [1, n, H, d] / [n, H, d], k likewise with H_kv heads → dict of mean shares and floor."""
+    """q [1, n, H, d] / [n, H, d], k likewise with H_kv heads → dict of mean shares and floor, and the
+    block-level statistics of `block_stats`."""
     if q.dim() == 4:
         q, k = q[0], k[0]
     n, heads, d = q.shape
@@ -64,6 +96,8 @@ def attention_stats(q, k, *, rows: int = 64, sink: int = 4, local: int = 64, col
         if remaining.numel():
             out["floor"] += float(remaining.median() / remaining.mean().clamp_min(1e-30))
             out["floor_abs"] += float(remaining.median() * n)
+        for key, val in block_stats(p, qi, sink=sink, local=local).items():
+            out[key] = out.get(key, 0.0) + val
     out = {key: val / heads for key, val in out.items()}
     out["background_share"] = max(1.0 - sum(out[s] for s in SHARES), 0.0)
     return out
