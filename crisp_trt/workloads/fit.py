@@ -8,7 +8,10 @@ then averaged over heads:
   background_share  the rest, 1 − the three above;
   floor             median / mean mass of the remaining keys (1.0 = exactly uniform noise; lower = a
                     heavier-tailed background), scale-free so it does not depend on the shares above;
-  floor_abs         median mass of a remaining key times the row length (the absolute noise level).
+  floor_abs         median mass of a remaining key times the row length (the absolute noise level);
+  band_*, block_*   what CRISP's block selection (B = 128, kappa = 8) sees: distance bands, block floor,
+                    kept blocks and their mass (`block_stats`); near_share (64–512 of all ≥ 64 back) fits
+                    the generator's distance profile (`decay`).
 The length law. `law_through` fits a least-squares line in log2 n through the real statistics at
 1k-8k (each share, and ln floor): that line, clamped to valid values, is the documented extrapolation
 beyond 8k (slopes and their standard errors go into fitted_smollm2.json). The generator inverts shares
@@ -16,7 +19,8 @@ into logits in closed form (synthetic.logits_at), exact for the mean masses; the
 per-row ratios, which the heavy-tailed background biases by a few hundredths, growing with n. So
 `fit_at(target, n)` finds the nominal spec at one length whose *measured* synthetic statistics match
 target (fixed-point iteration in share space), and `fit_length_law` does it for the real statistics at
-1k-8k and the law's values at 32k and 128k, then fits the line through those nominal specs: the shipped
+1k-8k and the law's values at 32k and 128k (near_share: its own line, `near_law`), then fits the line
+through those nominal specs (decay included): the shipped
 spec, whose synthetic statistics follow SmolLM2 to 8k and the law beyond (checked again at 512k). Run
 `python -m crisp_trt.workloads.fit` to re-measure SmolLM2 and rewrite fitted_smollm2.json.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import asdict, replace
 
 import torch
@@ -113,17 +118,31 @@ def synthetic_stats(spec: SyntheticSpec, n: int, heads: int = 8, kv_heads: int =
     return {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]}
 
 
+def near_share(stats: dict) -> float:
+    """Mass 64–512 tokens back over all mass ≥ 64 back (sink excluded): the distance profile's one number."""
+    return stats["band_64_512"] / max(stats["band_64_512"] + stats["band_512_4096"] + stats["band_4096_inf"], 1e-9)
+
+
 def fit_at(target: dict, n: int, start: SyntheticSpec | None = None, iters: int = 6,
            head_dim: int = 64) -> tuple[SyntheticSpec, dict]:
     """Spec (ref_n = n, no slopes) whose synthetic stats at length n match target's shares and floor:
-    each nominal share moves by (target − measured), ln floor by ln(target / measured). (spec, stats)."""
-    start = start or SyntheticSpec(**{s: target[s] for s in SHARES}, floor=target["floor"])
-    spec = start.at(n)
+    each nominal share moves by (target − measured), ln floor by ln(target / measured), and, when target
+    has the distance bands (or a "near_share"), decay by a secant step on near_share. (spec, stats)."""
+    near = target.get("near_share", near_share(target) if "band_64_512" in target else None)
+    start = start or SyntheticSpec(**{s: target[s] for s in SHARES}, floor=target["floor"],
+                                   decay=0.0 if near is None else 1.5)
+    spec, last = start.at(n), None
     for _ in range(iters):
         got = synthetic_stats(spec, n, head_dim=head_dim)
         moves = {s: min(max(getattr(spec, s) + target[s] - got[s], 1e-4), 0.98) for s in SHARES}
         floor = spec.floor * target["floor"] / max(got["floor"], 1e-6)
-        spec = replace(spec, **moves, floor=min(max(floor, 1e-6), 0.999)).at(n)
+        decay = spec.decay
+        if near is not None:
+            slope = 0.3 if last is None or abs(spec.decay - last[0]) < 1e-3 else \
+                (near_share(got) - last[1]) / (spec.decay - last[0])
+            last = spec.decay, near_share(got)
+            decay = min(max(spec.decay + (near - last[1]) / max(slope, 0.05), 0.0), 4.0)
+        spec = replace(spec, **moves, floor=min(max(floor, 1e-6), 0.999), decay=decay).at(n)
     return spec, synthetic_stats(spec, n, head_dim=head_dim)
 
 
@@ -138,17 +157,22 @@ def _line(xs, ys) -> tuple[float, float, float]:
     return a, b, math.sqrt(rss / max(k - 2, 1) / sxx)
 
 
-def law_through(points: dict[int, dict], ref_n: int = 8192) -> tuple[SyntheticSpec, dict]:
+def law_through(points: dict[int, dict], ref_n: int = 8192, keys=SHARES + ("floor",)) -> tuple[SyntheticSpec, dict]:
     """SyntheticSpec whose length law is the least-squares line in log2(n / ref_n) through points
-    ({n: {share: value, "floor": value}}; ln floor for the floor), and {statistic: slope standard error}."""
+    ({n: {key: value}}; ln floor for the floor; keys may add "decay"), and {key: slope standard error}."""
     xs = [math.log2(n / ref_n) for n in points]
     values, se = {}, {}
-    for s in SHARES + ("floor",):
+    for s in keys:
         ys = [math.log(p[s]) if s == "floor" else p[s] for p in points.values()]
         a, b, se[s] = _line(xs, ys)
         values[s] = math.exp(a) if s == "floor" else a
-        values[s.replace("share", "slope") if s != "floor" else "floor_slope"] = b
+        values[s.replace("share", "slope") if s in SHARES else s + "_slope"] = b
     return SyntheticSpec(ref_n=ref_n, **values), se
+
+
+def near_law(real: dict[int, dict], ref_n: int = 8192) -> tuple[float, float, float]:
+    """Least-squares line in log2(n / ref_n) through the real near_share: (at ref_n, slope, its error)."""
+    return _line([math.log2(n / ref_n) for n in real], [near_share(p) for p in real.values()])
 
 
 def fit_length_law(real: dict[int, dict], ref_n: int = 8192, extrapolate=(32768, 131072), head_dim: int = 64):
@@ -158,17 +182,20 @@ def fit_length_law(real: dict[int, dict], ref_n: int = 8192, extrapolate=(32768,
     (in increasing n, each started from the previous length's nominal − goal offset), so its synthetic
     statistics follow the real ones to 8k and the law beyond."""
     law, slope_se = law_through(real, ref_n)
-    goals = {**real, **{n: law.shares_at(n) for n in extrapolate}}
-    nominal, offset = {}, {s: 0.0 for s in SHARES + ("floor",)}
+    near, near_slope, _ = near_law(real, ref_n)
+    goals = {**real, **{n: {**law.shares_at(n), "near_share": min(max(near + near_slope * math.log2(n / ref_n),
+                                                                       0.01), 0.99)} for n in extrapolate}}
+    nominal, offset, decay = {}, {s: 0.0 for s in SHARES + ("floor",)}, 1.0
     for n in sorted(goals):
         goal = goals[n]
         start = SyntheticSpec(**{s: min(max(goal[s] + offset[s], 1e-4), 0.98) for s in SHARES},
-                              floor=min(goal["floor"] * math.exp(offset["floor"]), 0.999))
+                              floor=min(goal["floor"] * math.exp(offset["floor"]), 0.999), decay=decay)
         fitted = fit_at(goal, n, start=start, iters=6 if n == min(goals) else 3, head_dim=head_dim)[0]
         nominal[n] = asdict(fitted)
         offset = {s: getattr(fitted, s) - goal[s] for s in SHARES}
         offset["floor"] = math.log(fitted.floor / goal["floor"])
-    spec, _ = law_through(nominal, ref_n)
+        decay = fitted.decay
+    spec, _ = law_through(nominal, ref_n, SHARES + ("floor", "decay"))
     return spec, law, slope_se, goals
 
 
@@ -196,9 +223,9 @@ def fitted_spec() -> SyntheticSpec:
         return SyntheticSpec(**json.load(f)["spec"])
 
 
-def main(validate=(524288,)) -> None:
+def main(validate=(524288,), path: str = FITTED_PATH) -> None:
     """Re-measure SmolLM2, fit, check every goal (and `validate`, lengths beyond the fit, against the law),
-    rewrite fitted_smollm2.json and print the table of the README."""
+    write the record to `path` (fitted_smollm2.json) and print the tables of the README."""
     real = measure_real()
     spec, law, slope_se, goals = fit_length_law(real)
     rows = {}
@@ -208,7 +235,9 @@ def main(validate=(524288,)) -> None:
         rows[str(n)] = {"real" if n in real else "law": goal, "synthetic": synth,
                         "within_tolerance": within_tolerance(goal, synth)}
         print(n, "real" if n in real else "law ", " / ".join(f"{goal[s]:.3f}" for s in STATS), "| synthetic",
-              " / ".join(f"{synth[s]:.3f}" for s in STATS), rows[str(n)]["within_tolerance"], flush=True)
+              " / ".join(f"{synth[s]:.3f}" for s in STATS), rows[str(n)]["within_tolerance"], "| blocks",
+              " / ".join(f"{goal.get(s, float('nan')):.3f}" for s in BLOCK_STATS), "| synthetic",
+              " / ".join(f"{synth[s]:.3f}" for s in BLOCK_STATS), flush=True)
     record = {
         "source": "SmolLM2-135M-Instruct Q4_1 GGUF, post-RoPE Q/K, first n tokens of /usr/share/common-licenses "
                   "(Debian base-files), last 64 query rows, layers 0,5,10,15,20,25,29, all 9 heads, mean over layers",
@@ -216,11 +245,12 @@ def main(validate=(524288,)) -> None:
         "law": {"spec": asdict(law), "slope_se": slope_se,
                 "note": "least-squares line in log2 n through the real statistics at 1k-8k (ln floor for the "
                         "floor); beyond 8k an extrapolation"},
+        "near_law": dict(zip(("at_ref_n", "slope", "slope_se"), near_law(real))),
         "lengths": rows,
     }
-    with open(FITTED_PATH, "w") as f:
+    with open(path, "w") as f:
         json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":
-    main()
+    main(path=sys.argv[1] if len(sys.argv) > 1 else FITTED_PATH)
