@@ -225,7 +225,8 @@ def fitted_spec() -> SyntheticSpec:
 
 def main(validate=(524288,), path: str = FITTED_PATH) -> None:
     """Re-measure SmolLM2, fit, check every goal (and `validate`, lengths beyond the fit, against the law),
-    write the record to `path` (fitted_smollm2.json) and print the tables of the README."""
+    write the record to `path` (fitted_smollm2.json; `path`.rejected if 1k-8k miss the tolerance) and print
+    the tables of the README."""
     real = measure_real()
     spec, law, slope_se, goals = fit_length_law(real)
     rows = {}
@@ -248,6 +249,9 @@ def main(validate=(524288,), path: str = FITTED_PATH) -> None:
         "near_law": dict(zip(("at_ref_n", "slope", "slope_se"), near_law(real))),
         "lengths": rows,
     }
+    if not all(rows[str(n)]["within_tolerance"] for n in real):  # never ship a fit that misses 1k-8k
+        path += ".rejected"
+        print("outside tolerance at 1k-8k: written to", path)
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
 
