@@ -187,25 +187,25 @@ def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConf
     pooled_k = _expand_kv(pool_blocks(k, block), heads)  # [NB, H, d]
     rows = min(cfg.window, n)
     pooled_q = q[n - rows:].float().mean(0)  # [H, d]
+    columns[:, :v_lo] = True
+    offsets = torch.zeros(nb, dtype=torch.bool)
+    offsets[:s_lo] = True
     for h in range(heads):
         vs, vm, ss, sm = est.vsum[h], est.vmax[h], est.ssum[h], est.smax[h]
+        vs_cpu = vs.cpu()
         v_always = vs.sum() - vs[v_lo:v_hi].sum()
         s_always = ss.sum() - ss[s_lo:s_hi].sum()
         for kappa in cfg.kappas():  # the first kappa whose selection reaches C_struct ≥ coverage, else the last
             cfg_k = cfg.replace(kappa=kappa)
-            columns[h, :v_lo] = True
             columns[h, v_lo:v_hi] = _keep(vm[v_lo:v_hi], vs[v_lo:v_hi], width[v_lo:v_hi], v_always, cfg_k)
-            offsets = torch.zeros(nb, dtype=torch.bool)
-            offsets[:s_lo] = True
             offsets[s_lo:s_hi] = _keep(sm[s_lo:s_hi], ss[s_lo:s_hi], width[s_lo:s_hi], s_always, cfg_k)
             distances[h] = offsets
             distances[h, 1:] |= offsets[:-1]  # offset block ob touches distances ob and ob + 1
-            union = vertical_slash_union(columns[h], distances[h], nb - 1)
-            c_struct[h] = est.vsum[h].cpu()[union].sum().clamp(0, 1)
+            c_struct[h] = vs_cpu[vertical_slash_union(columns[h], distances[h], nb - 1)].sum().clamp(0, 1)
             if c_struct[h] >= cfg.coverage:
                 break
         p_est = torch.softmax(pooled_k[:, h].cpu() @ pooled_q[h].cpu() / math.sqrt(d), 0)
-        jsd[h] = jsd_distance(est.vsum[h].cpu(), p_est)
+        jsd[h] = jsd_distance(vs_cpu, p_est)
     score = c_struct if cfg.routing == "struct" else jsd
     route = torch.where(score >= cfg.tau, ROUTE_VERTICAL_SLASH, ROUTE_BLOCK_SPARSE)
     return HeadSelection(columns, distances, c_struct, jsd, route)
@@ -253,6 +253,12 @@ def block_masks(q: torch.Tensor, k: torch.Tensor, sel: HeadSelection, cfg: Crisp
     return masks
 
 
+def select_masks(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> tuple[HeadSelection, torch.Tensor]:
+    """estimate → route → select of one sequence: the head selection and its block masks [H, NB, NB]."""
+    sel = select_heads(estimate(q, k, cfg), q, k, cfg)
+    return sel, block_masks(q, k, sel, cfg)
+
+
 def causal_block_mask(n: int, heads: int, block: int) -> torch.Tensor:
     nb = num_blocks(n, block)
     return torch.ones(nb, nb, dtype=torch.bool).tril().expand(heads, nb, nb).clone()
@@ -298,7 +304,6 @@ def crisp_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: Crisp
         route = torch.full((heads,), ROUTE_DENSE)
         c_struct = torch.ones(heads)
     else:
-        sel = select_heads(estimate(q, k, cfg), q, k, cfg)
-        masks = block_masks(q, k, sel, cfg)
+        sel, masks = select_masks(q, k, cfg)
         route, c_struct = sel.route, sel.c_struct
     return attend(q, k, v, masks, cfg.block_size), route, c_struct, density(masks)

@@ -1,4 +1,4 @@
-"""Per-kernel GPU time of one CRISP plan + attend (torch.profiler), to see which stage dominates.
+"""Per-kernel GPU time of one CRISP op call (plan, attend, input poison; torch.profiler): which stage dominates.
 
     python3 scripts/profile_plan.py [n ...]     # default 131072; Llama-3-8B shape, synthetic, bf16
 
@@ -14,7 +14,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from crisp_trt import CrispConfig
-from crisp_trt.kernels.attend import attend
 from crisp_trt.kernels.pipeline import Stages
 from crisp_trt.workloads.synthetic import synthetic_qkv
 
@@ -26,9 +25,9 @@ def kernel_times(n: int, cfg: CrispConfig) -> dict[str, float]:
     cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
     st = Stages(q, k, cu, n, cfg)
 
-    def once():
-        p = st.plan()
-        attend(q, k, v, cu, p.idx, p.counts, p.dense, cfg.block_size)
+    def once():  # what crisp_cuda launches
+        st.plan()
+        st.attend(v)
 
     once()
     torch.cuda.synchronize()

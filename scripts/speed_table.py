@@ -19,7 +19,7 @@ import time
 import torch
 
 from crisp_trt import CrispConfig, crisp_prefill_attention, reference
-from crisp_trt.bench.op import dense_fn, median_ms
+from crisp_trt.bench.op import dense_fn, median_ms, reference_masks
 from crisp_trt.config import method_config
 from crisp_trt.kernels.attend import attend
 from crisp_trt.kernels.pipeline import Stages, masks_from_plan
@@ -66,7 +66,7 @@ def kernel_vs_reference(q, k, v, cfg, out, p, rows=1024):
     query rows): output rel. error of the kernels there, and how many selected blocks differ."""
     n, block = q.shape[0], cfg.block_size
     qc, kc = q.float().cpu(), k.float().cpu()
-    masks = reference.block_masks(qc, kc, reference.select_heads(reference.estimate(qc, kc, cfg), qc, kc, cfg), cfg)
+    masks = reference_masks(qc, kc, cfg)
     first = max(0, n - rows)
     want = reference.attend(q.float(), k.float(), v.float(), masks, block, first_row=first)
     got = masks_from_plan(p, 0, masks.shape[-1]).cpu()

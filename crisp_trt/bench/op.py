@@ -79,8 +79,7 @@ def reference_masks(q, k, cfg: CrispConfig):
     n, heads, _ = q.shape
     if n < max(cfg.dense_below, 1):
         return reference.causal_block_mask(n, heads, cfg.block_size)
-    sel = reference.select_heads(reference.estimate(q, k, cfg), q, k, cfg)
-    return reference.block_masks(q, k, sel, cfg)
+    return reference.select_masks(q, k, cfg)[1]
 
 
 def method_recall(q, k, cfg: CrispConfig, recall_max_n: int):

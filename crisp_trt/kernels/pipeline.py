@@ -56,7 +56,8 @@ class Stages:
         self.shapes = buffers(self.seqs, self.heads, self.kv_heads, self.d, cfg, self.z)
         self.scale, self.dense_below = 1.0 / math.sqrt(self.d), max(cfg.dense_below, 1)
         self.knobs = (cfg.kappa, cfg.floor_quantile, cfg.gamma)
-        self.total = q.shape[0]
+        self.budget_flags = dict(FLOOR=cfg.budget == "floor", MIN_TOP=cfg.min_blocks > 0)  # route and select
+        self.groups, self.total = self.heads // self.kv_heads, q.shape[0]
 
     def _buffer(self, name: str) -> torch.Tensor:
         shape, dtype = self.shapes[name]
@@ -66,7 +67,7 @@ class Stages:
     def estimate(self):
         """Proxy-map statistics vsum, vmax, ssum, smax [S, H, NB] and the pooled q/k blocks."""
         q, k, cu, cfg, z, seqs, heads = self.q, self.k, self.cu, self.cfg, self.z, self.seqs, self.heads
-        block, d, g = cfg.block_size, self.d, heads // self.kv_heads
+        block, d, g = cfg.block_size, self.d, self.groups
         part_m, part_l, s_mass = (self._buffer(n) for n in ("part_m", "part_l", "s_mass"))
         self.vsum, self.vmax, self.ssum, self.smax = (self._buffer(n) for n in ("vsum", "vmax", "ssum", "smax"))
         self.pooled_q, self.pooled_k = self._buffer("pooled_q"), self._buffer("pooled_k")
@@ -92,10 +93,10 @@ class Stages:
             *self.knobs, cfg.tau, cfg.coverage, len(cfg.kappas()), cfg.min_blocks, cfg.max_blocks, self.dense_below,
             self.total, heads, z.nb,
             cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, block=cfg.block_size,
-            FLOOR=cfg.budget == "floor", MIN_TOP=cfg.min_blocks > 0, C=z.route_chunk)
+            C=z.route_chunk, **self.budget_flags)
         if cfg.routing == "jsd":
             run(route_jsd_kernel, (heads, seqs), self.vsum, self.cu, self.q, self.pooled_k, self.route_, self.scale,
-                cfg.tau, self.dense_below, self.total, heads, heads // self.kv_heads, z.nb, cfg.block_size,
+                cfg.tau, self.dense_below, self.total, heads, self.groups, z.nb, cfg.block_size,
                 block=cfg.block_size, d=self.d, L=cfg.window, D=self.d)
 
     def select(self):
@@ -104,9 +105,9 @@ class Stages:
         self.idx, self.counts, scratch = (self._buffer(n) for n in ("idx", "counts", "scratch"))
         run(select_kernel, (-(-z.nb // QG), heads, seqs), self.cu, self.route_, self.columns, self.cols, self.ncols,
             self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, self.idx, self.counts, self.scale,
-            *self.knobs, cfg.min_blocks, cfg.max_blocks, self.total, heads, heads // self.kv_heads, z.nb, z.maxk,
+            *self.knobs, cfg.min_blocks, cfg.max_blocks, self.total, heads, self.groups, z.nb, z.maxk,
             cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
-            block=cfg.block_size, d=self.d, D=self.d, FLOOR=cfg.budget == "floor", MIN_TOP=cfg.min_blocks > 0)
+            block=cfg.block_size, d=self.d, D=self.d, **self.budget_flags)
 
     def plan(self) -> Plan:
         self.estimate()
