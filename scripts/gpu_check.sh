@@ -7,6 +7,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used --format=csv | tee "$OUT/gpu.txt"
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 \
+    || echo "pip install -e . failed (see $OUT/install.log): crisp_trt.builder will not import"
 if ls .whl/tensorrt_lean*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/tensorrt_lean*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
