@@ -50,13 +50,22 @@ inline nvinfer1::IPluginCreatorV3One* loadCreator(
         using GetRegistry = IPluginRegistry* (*) ();
         auto getRegistry = lib == nullptr ? nullptr : reinterpret_cast<GetRegistry>(dlsym(lib, "getPluginRegistry"));
         IPluginRegistry* registry = getRegistry == nullptr ? nullptr : getRegistry();
-        if (registry == nullptr || registry->loadLibrary(pluginPath) == nullptr)
+        // A runtime made with the caller's logger routes the registry's own messages there (the reason a load
+        // fails); where none can be made (no GPU for the lean runtime) the registry still works, silently.
+        using CreateRuntime = void* (*) (void*, int32_t);
+        auto createRuntime
+            = lib == nullptr ? nullptr : reinterpret_cast<CreateRuntime>(dlsym(lib, "createInferRuntime_INTERNAL"));
+        static void* sRuntime = createRuntime == nullptr ? nullptr : createRuntime(finder->findLogger(), NV_TENSORRT_VERSION);
+        (void) sRuntime;
+        // The registry keeps a library once loaded: a process loads it once and looks the creator up after.
+        found = registry == nullptr ? nullptr : registry->getCreator("CrispPrefillAttention", "1", "crisp");
+        if (found == nullptr && (registry == nullptr || registry->loadLibrary(pluginPath) == nullptr))
         {
             error = std::string("loadLibrary ") + pluginPath + " through " + runtimePath
                 + (lib == nullptr ? std::string(": ") + dlerror() : std::string());
             return nullptr;
         }
-        found = registry->getCreator("CrispPrefillAttention", "1", "crisp");
+        found = found != nullptr ? found : registry->getCreator("CrispPrefillAttention", "1", "crisp");
     }
     if (found == nullptr || std::strcmp(found->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") != 0)
     {
