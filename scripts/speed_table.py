@@ -5,7 +5,8 @@ spec fitted to SmolLM2, DESIGN.md §6; WORKLOAD=synthetic_plain for the hand-set
 default CrispConfig for every length. Per n, all in the same process: dense ms (cuDNN, FLASH); CRISP
 and FlexPrefill-mode op ms, density, output rel. error vs cuDNN, routing+select ms (plan) and share,
 per-stage ms (estimate, route, select, attend), attend TFLOP/s over the blocks it computes, the
-routes taken; at n ≤ 128k the kernels vs the fp32 reference pipeline (last 1024 rows, and the selected
+routes taken; on the last 1024 rows the plan's error and kept mass beside the same-budget oracle's (the
+best blocks by dense mass, as many per query block: what any block selection of that density could do); at n ≤ 128k the kernels vs the fp32 reference pipeline (last 1024 rows, and the selected
 blocks that differ); a CUDA-graph capture of the op.
 Writes JSON to $OUT and bench/results/ after every row, prints a table last.
 """
@@ -20,6 +21,7 @@ import torch
 
 from crisp_trt import CrispConfig, crisp_prefill_attention, reference
 from crisp_trt.bench.op import dense_fn, median_ms, reference_masks
+from crisp_trt.bench.recall import same_budget_oracle
 from crisp_trt.config import method_config
 from crisp_trt.kernels.attend import attend
 from crisp_trt.kernels.pipeline import Stages, masks_from_plan
@@ -56,6 +58,8 @@ def method_row(name, cfg, q, k, v, dense_out, cudnn_ms, reps):
     nb = -(-n // cfg.block_size)
     blocks = float(p.counts.sum() + nb * H)
     r["attend_tflops"] = 4 * blocks * cfg.block_size ** 2 * D / (r["attend_ms"] * 1e-3) / 1e12
+    o = same_budget_oracle(q, k, v, p, cfg.block_size, rows=1024)
+    r.update({f"last_rows_{key}": value for key, value in o.items()})
     if n <= 131072:
         r.update(kernel_vs_reference(q, k, v, cfg, out, p))
     return r
@@ -125,14 +129,16 @@ def main():
                     json.dump(res, f, indent=1)
     print(json.dumps(res["graph"]))
     print(f"{'n':>7} {'method':>11} {'cudnn':>8} {'ms':>8} {'x':>6} {'dens':>6} {'relerr':>8} {'plan':>7} "
-          f"{'share':>6} {'est':>6} {'route':>6} {'sel':>6} {'attend':>7} {'TF/s':>5} {'vs_ref':>8} {'mism':>5} routes")
+          f"{'share':>6} {'est':>6} {'route':>6} {'sel':>6} {'attend':>7} {'TF/s':>5} {'vs_ref':>8} {'mism':>5} "
+          f"{'err_last':>8} {'oracle':>8} routes")
     for r in res["rows"]:
         for m in r["methods"]:
             print(f"{r['n']:>7} {m['method']:>11} {r['cudnn_ms']:8.2f} {m['ms']:8.2f} {m['speedup_vs_cudnn']:6.1f} "
                   f"{m['density']:6.3f} {m['rel_err']:8.2e} {m['plan_ms']:7.2f} {m['routing_share']:6.1%} "
                   f"{m['estimate_ms']:6.2f} {m['route_ms']:6.2f} {m['select_ms']:6.2f} {m['attend_ms']:7.2f} "
                   f"{m['attend_tflops']:5.0f} {m.get('kernel_vs_reference_rel_err', float('nan')):8.1e} "
-                  f"{m.get('mask_mismatch_blocks', -1):>5} {m['routes']}")
+                  f"{m.get('mask_mismatch_blocks', -1):>5} {m['last_rows_plan_rel_err']:8.2e} "
+                  f"{m['last_rows_oracle_rel_err']:8.2e} {m['routes']}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ import torch
 from crisp_trt import CrispConfig
 from crisp_trt.bench import op, summary
 from crisp_trt.bench.cli import main
-from crisp_trt.bench.recall import plan_from_masks, plan_recall, sample_rows
+from crisp_trt import reference
+from crisp_trt.bench.recall import plan_from_masks, plan_recall, same_budget_oracle, sample_rows
 from crisp_trt.builder.cli import parse_length
 from crisp_trt.workloads.fit import fit_at
 from crisp_trt.workloads.synthetic import SyntheticSpec, synthetic_qkv
@@ -98,3 +99,29 @@ def test_accuracy_tiny(tmp_path, monkeypatch):
     dense = [c for c in data["cells"] if c["method"] == "dense"]
     assert all(c["kl"] == pytest.approx(0.0, abs=1e-6) for c in dense)
     assert (tmp_path / "accuracy_crisp.png").exists()
+
+
+def test_same_budget_oracle_against_brute_force():
+    """The oracle's error is reference.attend's on masks built by hand (top blocks by window mass, the plan's
+    count per query block); it keeps at least the plan's mass; a full plan scores 0 error and mass 1."""
+    n, block, heads, rows = 512, 64, 4, 160
+    q, k, v = (t[0] for t in synthetic_qkv(n, heads, 2, 64, spec=SyntheticSpec(), seed=3))
+    _, masks = reference.select_masks(q, k, CrispConfig(block_size=64, dense_below=0, min_budget=64, max_budget=128,
+                                                        coverage=0))
+    got = same_budget_oracle(q, k, v, plan_from_masks([masks]), block, rows=rows)
+    first, nb = n - rows, n // block
+    dense = reference.dense_attention(q, k, v)[first:].float()
+    oracle = masks.clone()
+    for h in range(heads):
+        kk = k[:, h // 2]
+        for qb in range(first // block, nb):
+            r = torch.arange(max(first, qb * block), (qb + 1) * block)
+            p = torch.softmax((q[r, h] @ kk.T / 8.0).masked_fill(torch.arange(n)[None] > r[:, None], float("-inf")), -1)
+            top = p.view(len(r), nb, block).sum((0, 2)).topk(int(masks[h, qb].sum())).indices
+            oracle[h, qb] = torch.zeros(nb, dtype=torch.bool).index_fill_(0, top, True)
+    for name, m in (("plan", masks), ("oracle", oracle)):
+        out = reference.attend(q, k, v, m, block, first_row=first).float()
+        assert got[f"{name}_rel_err"] == pytest.approx(float((out - dense).norm() / dense.norm()), rel=1e-3, abs=1e-6)
+    assert 0 < got["plan_mass"] <= got["oracle_mass"] <= 1 + 1e-6 and got["plan_rel_err"] > 1e-3
+    full = same_budget_oracle(q, k, v, plan_from_masks([torch.ones(heads, nb, nb, dtype=torch.bool).tril()]), block)
+    assert full["oracle_rel_err"] < 1e-5 and full["plan_rel_err"] < 1e-5 and full["oracle_mass"] == pytest.approx(1)

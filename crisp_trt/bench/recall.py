@@ -50,3 +50,42 @@ def plan_recall(q: torch.Tensor, k: torch.Tensor, plan, block: int, *, seq: int 
             mass = torch.nn.functional.pad(p, (0, nkb * block - n)).view(len(r), nkb, block).sum(-1)
             total += float((mass * allowed[h]).sum(-1).mean())
     return total / heads
+
+
+def same_budget_oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, block: int, *, seq: int = 0,
+                       rows: int = 1024) -> dict:
+    """How good any block selection could be with the plan's budget, on the last `rows` query rows.
+
+    Per head and query block, the oracle keeps the key blocks with the most dense softmax mass (summed over
+    the block's rows in the window), as many as the plan attends there (diagonal included, so a full causal
+    row is dense). Both are scored the same way — output rel. error vs dense and kept mass on those rows,
+    fp32 — so the gap says how much is the selection's fault and how much the workload's: when the oracle
+    misses an error target at the plan's density, no block selection of that size meets it."""
+    n, heads, d = q.shape
+    group = heads // k.shape[1]
+    first = max(0, n - rows)
+    pos = torch.arange(n, device=q.device)
+    qb = pos[first:] // block
+    nkb = -(-n // block)
+    blocks, inverse = torch.unique(qb, return_inverse=True)
+    planned = masks_from_plan(plan, seq, nkb, blocks).to(q.device)            # [H, QB, nkb]
+    future = pos[None] > pos[first:, None]
+    sq = {"plan_err": 0.0, "oracle_err": 0.0, "dense_norm": 0.0, "plan_mass": 0.0, "oracle_mass": 0.0}
+    for h in range(heads):
+        kk, vv = k[:, h // group].float(), v[:, h // group].float()
+        p = torch.softmax(((q[first:, h].float() @ kk.T) / math.sqrt(d)).masked_fill(future, float("-inf")), -1)
+        mass = torch.nn.functional.pad(p, (0, nkb * block - n)).view(len(qb), nkb, block).sum(-1)
+        per_block = torch.zeros(len(blocks), nkb, device=q.device).index_add_(0, inverse, mass)
+        count = planned[h].sum(-1)
+        rank = per_block.argsort(-1, descending=True).argsort(-1)
+        oracle = rank < count[:, None]
+        dense = p @ vv
+        sq["dense_norm"] += float(dense.square().sum())
+        for name, keep in (("plan", planned[h]), ("oracle", oracle)):
+            kept = p * keep[inverse].repeat_interleave(block, -1)[:, :n]
+            kept_mass = kept.sum(-1, keepdim=True)
+            sq[f"{name}_err"] += float(((kept / kept_mass) @ vv - dense).square().sum())
+            sq[f"{name}_mass"] += float(kept_mass.mean()) / heads
+    return {"rows": n - first, "plan_rel_err": (sq["plan_err"] / sq["dense_norm"]) ** 0.5,
+            "oracle_rel_err": (sq["oracle_err"] / sq["dense_norm"]) ** 0.5,
+            "plan_mass": sq["plan_mass"], "oracle_mass": sq["oracle_mass"]}
