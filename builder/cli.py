@@ -137,6 +137,10 @@ def _read_hf_config(model: Path) -> dict:
 
 
 def _read_gguf_config(path: Path) -> dict:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":  # checked before the gguf package is needed: a wrong file is wrong either way
+        raise BuildError(f"--model {path}: not a valid GGUF file (starts with {magic!r}, expected b'GGUF')")
     try:
         import gguf
     except ImportError:
