@@ -8,6 +8,7 @@ DIR/*.safetensors (model dtype), tokenizer files; tensorrt backend adds DIR/trtl
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def save_weights(mdl, out: Path) -> None:
 
 
 def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: int = 512, recall: float = 0.98,
-          calib_block: int | None = None, tp: int = 1, rope_scaling: dict | None = None, backend: str = "torch",
+          block_size: int | None = None, tp: int = 1, rope_scaling: dict | None = None, backend: str = "torch",
           seed: int = 0, progress: bool = True, base: CrispConfig | None = None) -> Path:
     from tqdm import tqdm
 
@@ -63,12 +64,12 @@ def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: in
         mdl.config.rope_scaling = rope_scaling
     steps.update()
     base = base or CrispConfig()
-    if calib_block is None:
-        calib_block = 64 if calibrate_tokens < 4096 else base.block_size
-    if calibrate_tokens and calibrate_tokens < 4096:  # short calibration: budgets must not cover everything
-        base = base.replace(block_size=calib_block, min_budget=calib_block)
-    else:
-        base = base.replace(block_size=calib_block)
+    if block_size is not None:
+        base = base.replace(block_size=block_size)
+    if 0 < calibrate_tokens < 16 * base.block_size:
+        print(f"crisp-build: warning: --calibrate {calibrate_tokens} is under 16 blocks of {base.block_size} tokens; "
+              f"the thresholds it picks say little about long prompts (use >= {16 * base.block_size})",
+              file=sys.stderr)
     layers_n = mdl.config.num_hidden_layers
     if calibrate_tokens > 0:
         steps.set_postfix_str(f"calibrating on {calibrate_tokens} tokens")

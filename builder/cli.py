@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+from crisp_trt.config import CrispConfig
+
 SUPPORTED_ARCHITECTURES = {
     # HF architectures of the Llama family (rmsnorm, RoPE, SwiGLU, GQA via num_key_value_heads)
     "LlamaForCausalLM": "llama",
@@ -101,13 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(needs TensorRT + TensorRT-LLM <= 1.2.x). Default: tensorrt when importable, else torch")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weight/activation dtype; auto keeps the checkpoint's (GGUF dequantises to fp32)")
-    p.add_argument("--calibrate", type=int, default=512, metavar="N",
-                   help="tokens of calibration text for per-layer kappa/tau (0 skips, keeps defaults)")
+    p.add_argument("--calibrate", type=int, default=2048, metavar="N",
+                   help="tokens of calibration text for per-layer kappa/tau, measured with the artifact's own "
+                        "block size (0 skips, keeps the defaults; fewer than 16 blocks is allowed but warned)")
     p.add_argument("--recall", type=float, default=0.98,
                    help="attention-mass recall the calibration must keep (at minimum density)")
-    p.add_argument("--calib-block", type=int, default=None, choices=(64, 128),
-                   help="block size used in calibration (default: 64 below 4096 calibration tokens, else the "
-                        "config's)")
+    p.add_argument("--block-size", dest="block_size", type=int, default=CrispConfig().block_size, choices=(64, 128),
+                   help="CRISP block size of the artifact, used by calibration and at run time (default: %(default)s)")
     p.add_argument("--tp", "--tp_size", dest="tp", type=int, default=1, metavar="N",
                    help="tensor-parallel size (TensorRT-LLM checkpoint: shards by heads)")
     p.add_argument("--rope-scaling", dest="rope_scaling", default=None, metavar="TYPE:FACTOR",
@@ -253,7 +255,7 @@ def run(args: argparse.Namespace) -> Path:
 
         require_tensorrt()  # fail before the (slow) load when the toolchain is missing
     out = artifact.build(model=model, output=args.output, max_seq=max_seq, dtype=args.dtype,
-                         calibrate_tokens=args.calibrate, recall=args.recall, calib_block=args.calib_block,
+                         calibrate_tokens=args.calibrate, recall=args.recall, block_size=args.block_size,
                          tp=args.tp, rope_scaling=rope, backend=backend, seed=args.seed,
                          progress=not args.no_progress)
     if args.triton_repo:
