@@ -101,6 +101,9 @@ def test_calibrate_layer_deterministic_and_meets_recall():
     assert a["met"] and a["recall"] >= 0.98
     assert set(a["heads"]) >= {"noise_floor", "sink_mass", "local_mass", "c_struct"}
     assert calibration_text(300, 1) == calibration_text(300, 1)
+    assert a["kappa"] <= base.kappa  # never sparser than the default
+    loose = calibrate_layer(q, k, base.replace(kappa=3.0))
+    assert loose["kappa"] in (1.0, 2.0, 3.0)
 
 
 # ---- the real model, end to end (one build per module) ----------------------------------------------
