@@ -25,6 +25,15 @@ def sample_rows(n: int, rows: int = 64, seed: int = 0) -> torch.Tensor:
     return torch.unique(torch.cat([last, torch.randint(0, n, (rows // 2,), generator=g)]))
 
 
+def dense_rows(q_rows: torch.Tensor, k: torch.Tensor, future: torch.Tensor, block: int):
+    """Causal softmax rows p [R, n] (fp32) of q_rows [R, d] against k [n, d] (future: bool [R, n], masked)
+    and their mass per key block [R, NB]."""
+    n, d = k.shape
+    nkb = -(-n // block)
+    p = torch.softmax(((q_rows.float() @ k.float().T) / math.sqrt(d)).masked_fill(future, float("-inf")), -1)
+    return p, torch.nn.functional.pad(p, (0, nkb * block - n)).view(len(q_rows), nkb, block).sum(-1)
+
+
 def plan_from_masks(masks: list[torch.Tensor]):
     """Per-sequence block masks bool [H, nb, nb] (diagonal included) → a Plan-like (idx, counts, dense)."""
     nb = max(m.shape[-1] for m in masks)
@@ -35,20 +44,16 @@ def plan_from_masks(masks: list[torch.Tensor]):
 def plan_recall(q: torch.Tensor, k: torch.Tensor, plan, block: int, *, seq: int = 0, rows: int = 64,
                 seed: int = 0) -> float:
     """Mean dense softmax mass inside the plan's attended blocks; q [n, H, d], k [n, H_kv, d] of `seq`."""
-    n, heads, d = q.shape
+    n, heads, _ = q.shape
     group = heads // k.shape[1]
     r = sample_rows(n, rows, seed).to(q.device)
     nkb = -(-n // block)
     allowed = masks_from_plan(plan, seq, nkb, r // block).to(q.device)        # [H, R, nkb]
     future = torch.arange(n, device=q.device)[None] > r[:, None]
     total = 0.0
-    for kvh in range(k.shape[1]):
-        kk = k[:, kvh].float()
-        for h in range(kvh * group, (kvh + 1) * group):
-            logits = (q[r, h].float() @ kk.T) / math.sqrt(d)
-            p = torch.softmax(logits.masked_fill(future, float("-inf")), -1)
-            mass = torch.nn.functional.pad(p, (0, nkb * block - n)).view(len(r), nkb, block).sum(-1)
-            total += float((mass * allowed[h]).sum(-1).mean())
+    for h in range(heads):
+        _, mass = dense_rows(q[r, h], k[:, h // group], future, block)
+        total += float((mass * allowed[h]).sum(-1).mean())
     return total / heads
 
 
@@ -61,7 +66,7 @@ def same_budget_oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, 
     row is dense). Both are scored the same way — output rel. error vs dense and kept mass on those rows,
     fp32 — so the gap says how much is the selection's fault and how much the workload's: when the oracle
     misses an error target at the plan's density, no block selection of that size meets it."""
-    n, heads, d = q.shape
+    n, heads, _ = q.shape
     group = heads // k.shape[1]
     first = max(0, n - rows)
     pos = torch.arange(n, device=q.device)
@@ -72,9 +77,8 @@ def same_budget_oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, 
     future = pos[None] > pos[first:, None]
     sq = {"plan_err": 0.0, "oracle_err": 0.0, "dense_norm": 0.0, "plan_mass": 0.0, "oracle_mass": 0.0}
     for h in range(heads):
-        kk, vv = k[:, h // group].float(), v[:, h // group].float()
-        p = torch.softmax(((q[first:, h].float() @ kk.T) / math.sqrt(d)).masked_fill(future, float("-inf")), -1)
-        mass = torch.nn.functional.pad(p, (0, nkb * block - n)).view(len(qb), nkb, block).sum(-1)
+        vv = v[:, h // group].float()
+        p, mass = dense_rows(q[first:, h], k[:, h // group], future, block)
         per_block = torch.zeros(len(blocks), nkb, device=q.device).index_add_(0, inverse, mass)
         count = planned[h].sum(-1)
         rank = per_block.argsort(-1, descending=True).argsort(-1)

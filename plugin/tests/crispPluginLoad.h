@@ -58,14 +58,14 @@ inline nvinfer1::IPluginCreatorV3One* loadCreator(
         static void* sRuntime = createRuntime == nullptr ? nullptr : createRuntime(finder->findLogger(), NV_TENSORRT_VERSION);
         (void) sRuntime;
         // The registry keeps a library once loaded: a process loads it once and looks the creator up after.
-        found = registry == nullptr ? nullptr : registry->getCreator("CrispPrefillAttention", "1", "crisp");
-        if (found == nullptr && (registry == nullptr || registry->loadLibrary(pluginPath) == nullptr))
+        static bool sLoaded = registry != nullptr && registry->loadLibrary(pluginPath) != nullptr;
+        if (!sLoaded)
         {
             error = std::string("loadLibrary ") + pluginPath + " through " + runtimePath
                 + (lib == nullptr ? std::string(": ") + dlerror() : std::string());
             return nullptr;
         }
-        found = found != nullptr ? found : registry->getCreator("CrispPrefillAttention", "1", "crisp");
+        found = registry->getCreator("CrispPrefillAttention", "1", "crisp");
     }
     if (found == nullptr || std::strcmp(found->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") != 0)
     {
