@@ -28,6 +28,10 @@ VARIANTS = {  # name -> CrispConfig overrides (None: the artifact's own per-laye
     "kappa4_cov0.98": {"kappa": 4.0, "coverage": 0.98},
     "local2": {"local_blocks": 2},
     "kappa0": {"kappa": 0.0},
+    "cov0.99": {"coverage": 0.99},
+    "kappa4_cov0.99": {"kappa": 4.0, "coverage": 0.99},
+    "budget2k": {"min_budget": 2048},
+    "local4": {"local_blocks": 4},
 }
 
 
