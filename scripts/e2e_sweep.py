@@ -19,7 +19,10 @@ from pathlib import Path
 
 import torch
 
-VARIANTS = {  # name -> CrispConfig overrides (None: the artifact's own per-layer configs)
+from crisp_trt.config import CrispConfig
+
+VARIANTS = {  # name -> CrispConfig overrides of every layer (None: the artifact's own per-layer configs),
+    # or (layers, overrides): the default config with the overrides on those layers only
     "artifact": None,
     "default": {},
     "kappa4": {"kappa": 4.0},
@@ -32,7 +35,23 @@ VARIANTS = {  # name -> CrispConfig overrides (None: the artifact's own per-laye
     "kappa4_cov0.99": {"kappa": 4.0, "coverage": 0.99},
     "budget2k": {"min_budget": 2048},
     "local4": {"local_blocks": 4},
+    "dense_l01": ({0, 1}, {"kappa": 0.0}),
+    "dense_l0": ({0}, {"kappa": 0.0}),
+    "local4_cov0.99": {"local_blocks": 4, "coverage": 0.99},
+    "b64": {"block_size": 64},
 }
+
+
+def variant_configs(name: str, artifact_configs: list) -> list:
+    """Per-layer CrispConfigs of a VARIANTS entry: overrides apply to the artifact's base config (its
+    block size and budgets with the default kappa and tau), not on top of its calibrated per-layer kappas."""
+    over = VARIANTS[name]
+    if over is None:
+        return list(artifact_configs)
+    default = CrispConfig()
+    base = artifact_configs[0].replace(kappa=default.kappa, tau=default.tau)
+    layers, changes = over if isinstance(over, tuple) else (range(len(artifact_configs)), over)
+    return [base.replace(**changes) if i in layers else base for i in range(len(artifact_configs))]
 
 
 class DensityMeter:
@@ -102,9 +121,7 @@ def main(argv=None) -> int:
             if name == "eager":
                 set_attn_implementation(hf_model, "eager")
             else:
-                over = VARIANTS[name]
-                set_crisp_config(hf_model, cm.layer_configs if over is None
-                                 else [c.replace(**over) for c in cm.layer_configs])
+                set_crisp_config(hf_model, variant_configs(name, cm.layer_configs))
                 set_attn_implementation(hf_model, "crisp")
             same, hits, kls, margins = 0, 0, [], []
             for (ids, exp), (dtoks, dlog) in zip(prompts, dense):

@@ -1,6 +1,7 @@
 """Per-kernel GPU time of one CRISP op call (plan, attend, input poison; torch.profiler): which stage dominates.
 
     python3 scripts/profile_plan.py [n ...]     # default 131072; Llama-3-8B shape, synthetic, bf16
+    SHAPE=smollm2 python3 scripts/profile_plan.py 8192   # SmolLM2's 9 / 3 heads, d = 64
 
 Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -17,10 +19,13 @@ from crisp_trt import CrispConfig
 from crisp_trt.kernels.pipeline import Stages
 from crisp_trt.workloads.synthetic import synthetic_qkv
 
-H, HKV, D, RUNS = 32, 8, 128, 5
+SHAPES = {"llama3_8b": (32, 8, 128), "smollm2": (9, 3, 64)}
+H, HKV, D = SHAPES[os.environ.get("SHAPE", "llama3_8b")]
+RUNS = 5
 
 
-def kernel_times(n: int, cfg: CrispConfig) -> dict[str, float]:
+def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float]]:
+    """(wall ms per call, {kernel: mean GPU ms per call})."""
     q, k, v = (t[0] for t in synthetic_qkv(n, H, HKV, D, dtype=torch.bfloat16, device="cuda"))
     cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
     st = Stages(q, k, cu, n, cfg)
@@ -35,23 +40,30 @@ def kernel_times(n: int, cfg: CrispConfig) -> dict[str, float]:
         for _ in range(RUNS):
             once()
         torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(20):
+        once()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / 20 * 1e3  # host + device, synchronised
     times = {}
     for e in prof.key_averages():
         if e.device_type.name == "CUDA" and e.device_time_total > 0:
             times[e.key[:60]] = e.device_time_total / RUNS / 1e3
-    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+    return wall, dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
 def main() -> None:
     lengths = [int(a) for a in sys.argv[1:]] or [131072]
     out = os.environ.get("OUT", "bench/results")
     os.makedirs(out, exist_ok=True)
+    shape = os.environ.get("SHAPE", "llama3_8b")
     for n in lengths:
-        times = kernel_times(n, CrispConfig())
-        with open(os.path.join(out, f"profile_{n}.json"), "w") as f:
-            json.dump({"n": n, "device": torch.cuda.get_device_name(), "ms": times}, f, indent=1)
+        wall, times = kernel_times(n, CrispConfig())
+        with open(os.path.join(out, f"profile_{shape}_{n}.json"), "w") as f:
+            json.dump({"n": n, "shape": shape, "device": torch.cuda.get_device_name(), "wall_ms": wall,
+                       "ms": times}, f, indent=1)
         total = sum(times.values())
-        print(f"n={n}: {total:.2f} ms of kernels per plan + attend")
+        print(f"{shape} n={n}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
         for name, ms in times.items():
             print(f"  {ms:9.3f} ms {100 * ms / total:5.1f}%  {name}")
 
