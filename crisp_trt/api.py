@@ -5,6 +5,7 @@ synchronisation, so the op composes with torch.compile and CUDA graph capture.
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import torch
@@ -18,12 +19,24 @@ from .validate import check_inputs
 @torch.library.custom_op("crisp::prefill_attention", mutates_args=())
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                        max_seqlen: int, config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    cfg = CrispConfig.from_dict(json.loads(config))
+    cfg = _config_of(config)
     if q.is_cuda:
         from .kernels.pipeline import crisp_cuda
 
         return crisp_cuda(q, k, v, cu_seqlens, max_seqlen, cfg)
     return _reference_packed(q, k, v, cu_seqlens, cfg)
+
+
+@functools.lru_cache(maxsize=256)
+def _config_json(cfg: CrispConfig) -> str:
+    """The op's config argument (a string: custom ops take no dataclasses); cached, as is its parse, since
+    every layer of every prefill passes one (asdict + validation cost ~50 µs of host time per call)."""
+    return json.dumps(cfg.to_dict(), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _config_of(config: str) -> CrispConfig:
+    return CrispConfig.from_dict(json.loads(config))
 
 
 @_prefill_attention.register_fake
@@ -73,7 +86,7 @@ def crisp_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
             q, k, v = (t.reshape(batch * n, *t.shape[2:]) for t in (q, k, v))
         else:
             batch, n = 1, shape[0]
-        cu = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * n
+        cu = torch.arange(0, (batch + 1) * n, n, device=q.device, dtype=torch.int32)
         max_len = n
     else:
         cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
@@ -85,8 +98,7 @@ def crisp_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         else:
             max_len = max_seqlen or q.shape[0]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out, route, c_struct, dens = _prefill_attention(q, k, v, cu, max(int(max_len), 1),
-                                                    json.dumps(cfg.to_dict(), sort_keys=True))
+    out, route, c_struct, dens = _prefill_attention(q, k, v, cu, max(int(max_len), 1), _config_json(cfg))
     out = out.reshape(shape)
     return (out, CrispStats(route, c_struct, dens)) if return_stats else out
 

@@ -73,7 +73,32 @@ def load_model(path: str | os.PathLike | None = None, attn_implementation: str =
     if device is not None:
         model = model.to(device)
     model.eval()
-    return model, tok
+    return float32_logits(model), tok
+
+
+class Float32Logits(torch.nn.Module):
+    """An LM head computed in float32 on a bf16/fp16 model (TensorRT-LLM's `logits_dtype` float32).
+
+    bf16 logits move in steps of 1/8 at |logit| 16–32, so greedy decoding often meets exact ties that any
+    rounding difference in attention flips (SmolLM2 on the H200: the dense top-2 gap was 0, 1/8 or 1/4 at
+    every divergence of the e2e sweep, bench/results/session5_sweep); float32 logits remove that step."""
+
+    def __init__(self, head: torch.nn.Linear):
+        super().__init__()
+        self.weight = torch.nn.Parameter(head.weight.detach().float().clone(), requires_grad=False)
+        bias = getattr(head, "bias", None)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden.float(), self.weight, self.bias)
+
+
+def float32_logits(model):
+    """Replace a half-precision model's LM head by a Float32Logits copy (no-op for a float32 model)."""
+    head = model.get_output_embeddings()
+    if isinstance(head, torch.nn.Linear) and head.weight.dtype != torch.float32:
+        model.set_output_embeddings(Float32Logits(head))
+    return model
 
 
 def set_attn_implementation(model, name: str) -> None:

@@ -87,10 +87,13 @@ class CrispModel:
 
 
 def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtype=None) -> CrispModel:
-    """Load a crisp-build torch artifact directory."""
+    """Load a crisp-build torch artifact directory (a half-precision model keeps float32 logits:
+    models.Float32Logits)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from crisp_trt.builder.artifact import read_crisp
+
+    from .models import float32_logits
 
     path = Path(artifact_dir)
     if not (path / "config.json").is_file():
@@ -102,6 +105,7 @@ def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtyp
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
     if device:
         model = model.to(device)
+    float32_logits(model)
     tok = AutoTokenizer.from_pretrained(str(path))
     return CrispModel(model, tok, crisp, attention)
 

@@ -321,18 +321,13 @@ WORKSPACE_CASES = [(CrispConfig(), (32, 8, 128), 8192, 1), (CrispConfig(), (32, 
 
 @pytest.mark.parametrize("cfg,heads,tokens,batch", WORKSPACE_CASES)
 def test_workspace_matches_the_torch_buffers(built, lean_runtime, tmp_path, cfg, heads, tokens, batch):
-    """getWorkspaceSize = the torch op's buffers (launch.buffers) for that profile maximum, each 256-aligned."""
-    import math
-    import torch
+    """getWorkspaceSize = the torch op's workspace (launch.Workspace) for that profile maximum."""
     from crisp_trt.kernels import launch
     (tmp_path / "fields").write_text(_serialised(plugin.plugin_fields(cfg, *heads)))
     run = _check(built, lean_runtime, "workspace", str(tmp_path / "fields"), str(tokens), str(batch))
     assert run.returncode == 0, run.stdout + run.stderr
     got = int(run.stdout.split("workspace ")[1])
-    shapes = launch.buffers(batch, *heads, cfg, launch.Sizes.of(tokens, cfg))
-    sizes = [math.prod(shape) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-             for shape, dtype in shapes.values()]
-    assert got == sum(-(-b // 256) * 256 for b in sizes)
+    assert got == launch.Workspace.of(launch.buffers(batch, *heads, cfg, launch.Sizes.of(tokens, cfg))).size
 
 
 # --- GPU: enqueue on CUDA buffers vs the torch op ----------------------------------------------------------

@@ -5,7 +5,8 @@ ahead-of-time build (scripts/aot_kernels.py), so that the plugin runs the very c
   compiles an argument equal to 1 as a constant and marks multiples of 16, so the cubin would depend on the
   input; with plain i32 parameters the JIT's cubin equals the one compiled ahead of time.
   Pointer parameters end in `_ptr` (they keep Triton's 16-byte alignment specialisation).
-- `Sizes` / `buffers`: strides and buffers of one launch, from max_seqlen (the plugin: its tokens).
+- `Sizes` / `buffers` / `Workspace`: strides and buffers of one launch, from max_seqlen (the plugin: its
+  tokens), laid out in one allocation whose zeroed prefix takes one memset (the torch op and the plugin).
 - `fixed` / `options`: constexprs fixed by these rules, and num_warps / num_stages.
 - `run`: launch a kernel with both.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 from dataclasses import dataclass
 
@@ -72,11 +74,44 @@ def options(stage: str, block: int, d: int) -> dict:
     return {"num_warps": warps, "num_stages": 1 if block * d > 128 * 128 else 2}  # B=128, d=256: 1 stage fits
 
 
+_COMPILED: dict = {}  # launch key → (CompiledKernel, constexpr values in signature order)
+_I32 = range(-2 ** 31, 2 ** 31)
+
+
+def _arg_key(arg):
+    """What Triton's JIT specialises a `kernel` argument on: a tensor's dtype and 16-byte alignment (and its
+    device: a CompiledKernel is loaded per device), an int's width (no values: `kernel` specialises none),
+    else the type."""
+    if hasattr(arg, "data_ptr"):
+        return arg.dtype, arg.data_ptr() % 16 == 0, arg.get_device()
+    if type(arg) is int:
+        return arg in _I32
+    return type(arg)
+
+
 def run(fn, grid, *args, block: int, d: int = 0, **constexprs):
-    """fn[grid](*args, **constexprs) plus the fixed constexprs it declares and its launch options."""
+    """fn[grid](*args, **constexprs) plus the fixed constexprs it declares and its launch options.
+
+    The first launch of a specialisation goes through Triton's JIT (which compiles); later ones launch its
+    CompiledKernel directly, skipping the JIT's argument binding and cache lookup (~9 launches per op
+    call: host time that dominates at short lengths). Under TRITON_INTERPRET=1 every launch is the JIT's."""
     declared = constexpr_names(fn)
     consts = {k: v for k, v in fixed(block).items() if k in declared}
-    return fn[grid](*args, **constexprs, **consts, **options(name(fn), block, d))
+    if INTERPRET:
+        return fn[grid](*args, **constexprs, **consts, **options(name(fn), block, d))
+    key = (fn, block, d, tuple(constexprs.items()), tuple(map(_arg_key, args)))
+    hit = _COMPILED.get(key)
+    if hit is None:
+        if len(args) + len(declared) != len(fn.params):
+            raise TypeError(f"{name(fn)}: {len(args)} positional arguments + constexprs {declared} != its "
+                            f"{len(fn.params)} parameters (launch.run needs the constexprs declared last)")
+        compiled = fn[grid](*args, **constexprs, **consts, **options(name(fn), block, d))
+        values = {**constexprs, **consts}
+        _COMPILED[key] = (compiled, tuple(values[c] for c in declared))
+        return compiled
+    compiled, const_values = hit
+    compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *const_values)
+    return compiled
 
 
 @dataclass(frozen=True)
@@ -119,3 +154,29 @@ def buffers(seqs: int, heads: int, kv_heads: int, d: int, cfg: CrispConfig, z: S
                    "dense": ((seqs,), "int32"), "scratch": ((*sh, nb, nb), "float32"),
                    "idx": ((*sh, nb, z.maxk), "int32")})
     return shapes
+
+
+ALIGN = 256  # bytes: every buffer of the workspace starts on this boundary
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The byte layout of `buffers` in one allocation: name → (offset, shape, dtype), in buffers' order, each
+    buffer ALIGN-aligned; `zeroed` bytes (the ZEROED buffers, first) take one memset; `size` in all."""
+
+    layout: dict
+    zeroed: int
+    size: int
+
+    @classmethod
+    def of(cls, shapes: dict) -> "Workspace":
+        layout, offset, zeroed = {}, 0, 0
+        for name, (shape, dtype) in shapes.items():
+            layout[name] = (offset, shape, dtype)
+            offset += -(-math.prod(shape) * ITEMSIZE[dtype] // ALIGN) * ALIGN
+            if name in ZEROED:
+                zeroed = offset
+        return cls(layout, zeroed, offset)
+
+
+ITEMSIZE = {"float32": 4, "int32": 4, "int8": 1}
