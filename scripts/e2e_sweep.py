@@ -25,19 +25,16 @@ VARIANTS = {  # name -> CrispConfig overrides of every layer (None: the artifact
     # or (layers, overrides): the default config with the overrides on those layers only
     "artifact": None,
     "default": {},
+    "cov0.9": {"coverage": 0.9},  # the default before session 5
     "kappa4": {"kappa": 4.0},
     "kappa2": {"kappa": 2.0},
-    "cov0.98": {"coverage": 0.98},
-    "kappa4_cov0.98": {"kappa": 4.0, "coverage": 0.98},
-    "local2": {"local_blocks": 2},
     "kappa0": {"kappa": 0.0},
     "cov0.99": {"coverage": 0.99},
     "kappa4_cov0.99": {"kappa": 4.0, "coverage": 0.99},
-    "budget2k": {"min_budget": 2048},
+    "local2": {"local_blocks": 2},
     "local4": {"local_blocks": 4},
+    "budget2k": {"min_budget": 2048},
     "dense_l01": ({0, 1}, {"kappa": 0.0}),
-    "dense_l0": ({0}, {"kappa": 0.0}),
-    "local4_cov0.99": {"local_blocks": 4, "coverage": 0.99},
     "b64": {"block_size": 64},
 }
 

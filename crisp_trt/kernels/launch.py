@@ -95,22 +95,22 @@ def run(fn, grid, *args, block: int, d: int = 0, **constexprs):
     The first launch of a specialisation goes through Triton's JIT (which compiles); later ones launch its
     CompiledKernel directly, skipping the JIT's argument binding and cache lookup (~9 launches per op
     call: host time that dominates at short lengths). Under TRITON_INTERPRET=1 every launch is the JIT's."""
+    if not INTERPRET:
+        key = (fn, block, d, tuple(constexprs.items()), tuple(map(_arg_key, args)))
+        hit = _COMPILED.get(key)
+        if hit is not None:
+            compiled, const_values = hit
+            compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *const_values)
+            return compiled
     declared = constexpr_names(fn)
     consts = {k: v for k, v in fixed(block).items() if k in declared}
-    if INTERPRET:
-        return fn[grid](*args, **constexprs, **consts, **options(name(fn), block, d))
-    key = (fn, block, d, tuple(constexprs.items()), tuple(map(_arg_key, args)))
-    hit = _COMPILED.get(key)
-    if hit is None:
-        if len(args) + len(declared) != len(fn.params):
-            raise TypeError(f"{name(fn)}: {len(args)} positional arguments + constexprs {declared} != its "
-                            f"{len(fn.params)} parameters (launch.run needs the constexprs declared last)")
-        compiled = fn[grid](*args, **constexprs, **consts, **options(name(fn), block, d))
+    if len(args) + len(declared) != len(fn.params):
+        raise TypeError(f"{name(fn)}: {len(args)} positional arguments + constexprs {declared} != its "
+                        f"{len(fn.params)} parameters (launch.run needs the constexprs declared last)")
+    compiled = fn[grid](*args, **constexprs, **consts, **options(name(fn), block, d))
+    if not INTERPRET:
         values = {**constexprs, **consts}
         _COMPILED[key] = (compiled, tuple(values[c] for c in declared))
-        return compiled
-    compiled, const_values = hit
-    compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *const_values)
     return compiled
 
 
