@@ -104,9 +104,10 @@ def run(fn, grid, *args, block: int, d: int = 0, **constexprs):
             return compiled
     declared = constexpr_names(fn)
     consts = {k: v for k, v in fixed(block).items() if k in declared}
-    if len(args) + len(declared) != len(fn.params):
+    arity = len(inspect.signature(fn.fn).parameters)
+    if len(args) + len(declared) != arity:
         raise TypeError(f"{name(fn)}: {len(args)} positional arguments + constexprs {declared} != its "
-                        f"{len(fn.params)} parameters (launch.run needs the constexprs declared last)")
+                        f"{arity} parameters (launch.run needs the constexprs declared last)")
     compiled = fn[grid](*args, **constexprs, **consts, **options(name(fn), block, d))
     if not INTERPRET:
         values = {**constexprs, **consts}

@@ -183,4 +183,5 @@ def crisp_cuda(q, k, v, cu_seqlens, max_seqlen: int, cfg: CrispConfig):
     """(out [total, H, d], route int32 [S, H], c_struct f32 [S, H], density f32 [S, H])."""
     st = Stages(q, k, cu_seqlens, max_seqlen, cfg)
     p = st.plan()
-    return st.attend(v), p.route, p.c_struct, p.density
+    # route and c_struct are views of the workspace: a custom op's outputs may not share storage
+    return st.attend(v), p.route.clone(), p.c_struct.clone(), p.density
