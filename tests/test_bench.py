@@ -91,13 +91,19 @@ def test_accuracy_tiny(tmp_path, monkeypatch):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
     cfg._attn_implementation = "sdpa"
     model = LlamaForCausalLM(cfg).eval()
-    res = accuracy.run_accuracy(lengths=(256,), depths=(0.0, 1.0), trials=2, model=model, tok=tok,
+    methods = accuracy.METHODS + accuracy.CONTROLS
+    res = accuracy.run_accuracy(lengths=(256,), depths=(0.0, 1.0), trials=2, model=model, tok=tok, methods=methods,
                                 base=CrispConfig(block_size=64, dense_below=0, min_budget=64))
     path = accuracy.write_results(res, str(tmp_path))
     data = json.loads(open(path).read())
-    assert {c["method"] for c in data["cells"]} == set(accuracy.METHODS)
+    assert {c["method"] for c in data["cells"]} == set(methods)
     dense = [c for c in data["cells"] if c["method"] == "dense"]
-    assert all(c["kl"] == pytest.approx(0.0, abs=1e-6) for c in dense)
+    assert all(c["kl"] == pytest.approx(0.0, abs=1e-6) and c["lost"] == c["gained"] == 0 for c in dense)
+    eager = [c for c in data["cells"] if c["method"] == "dense_eager"]
+    assert all(c["kl"] == pytest.approx(0.0, abs=1e-3) for c in eager)  # the same attention, other kernels
+    for c in data["cells"]:  # paired counts: accuracy - dense accuracy = (gained - lost) / trials
+        d = next(x for x in dense if x["depth"] == c["depth"])
+        assert c["accuracy"] - d["accuracy"] == pytest.approx((c["gained"] - c["lost"]) / c["trials"])
     assert (tmp_path / "accuracy_crisp.png").exists()
 
 

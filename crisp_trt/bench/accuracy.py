@@ -5,7 +5,10 @@ tokens with 8 random words planted at a depth; the prompt ends with the planted 
 answer is the next 3. One teacher-forced forward per (trial, method):
   correct   greedy argmax reproduces every answer token;
   loglik    sum of log-probabilities of the answer tokens;
+  lost / gained  trials dense gets right and the method wrong / the other way round (paired counts);
   kl        mean KL(dense || method) of the next-token distributions over the last `kl_positions`.
+Method "dense_eager" (a control, not in the default list) is dense attention through HF's eager kernels:
+it shows how many trials flip between two dense implementations alone (near-tied answer tokens).
 Perplexity: exp(mean NLL) on held-out real text of n tokens. Seeds are fixed per (length, depth, trial),
 so every method sees identical prompts. JSON: bench/results/accuracy_latest.json; one heat-map PNG
 per method (depth × length, accuracy).
@@ -24,6 +27,7 @@ from ..config import CrispConfig, method_config
 from ..workloads.real import held_out_text, real_text
 
 METHODS = ("dense", "crisp", "flexprefill")
+CONTROLS = ("dense_eager",)  # dense attention through HF's eager kernels: the noise floor of a cell
 
 
 def _word_pool(text: str) -> list[str]:
@@ -50,6 +54,8 @@ def _apply(model, method: str, base: CrispConfig):
 
     if method == "dense":
         set_attn_implementation(model, "sdpa")
+    elif method == "dense_eager":
+        set_attn_implementation(model, "eager")
     else:
         set_attn_implementation(model, "crisp")
         set_crisp_config(model, method_config(method, base))
@@ -74,12 +80,12 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
     cells = []
     for n in lengths:
         for depth in depths:
-            per = {m: {"correct": 0, "loglik": 0.0, "kl": 0.0} for m in methods}
+            per = {m: {"correct": 0, "lost": 0, "gained": 0, "loglik": 0.0, "kl": 0.0} for m in methods}
             for t in range(trials):
                 ids, na = make_trial(tok, n, depth, seed=hash((n, int(depth * 1000), t)) & 0xFFFFFFF,
                                      filler_ids=filler_ids, pool=pool)
                 ids = ids.to(dev)
-                dense_logp = None
+                dense_logp, dense_ok = None, None
                 for m in ("dense",) + tuple(x for x in methods if x != "dense"):
                     _apply(model, m, base)
                     keep = max(kl_positions, na + 1)  # logits of the last positions only
@@ -87,10 +93,13 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
                         logp = torch.log_softmax(model(ids, logits_to_keep=keep).logits[0].float(), -1)
                     target = ids[0, -na:]
                     pred = logp[-na - 1:-1]
+                    ok = bool((pred.argmax(-1) == target).all())
                     if m == "dense":
-                        dense_logp = logp[-kl_positions:]
+                        dense_logp, dense_ok = logp[-kl_positions:], ok
                     if m in per:
-                        per[m]["correct"] += int(bool((pred.argmax(-1) == target).all()))
+                        per[m]["correct"] += int(ok)
+                        per[m]["lost"] += int(dense_ok and not ok)
+                        per[m]["gained"] += int(ok and not dense_ok)
                         per[m]["loglik"] += float(pred.gather(1, target[:, None]).sum())
                         kl = (dense_logp.exp() * (dense_logp - logp[-kl_positions:])).sum(-1).mean()
                         per[m]["kl"] += float(kl)
@@ -98,6 +107,7 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
                         progress.update(1)
             for m in methods:
                 cells.append(dict(method=m, n=n, depth=depth, trials=trials, accuracy=per[m]["correct"] / trials,
+                                  lost=per[m]["lost"], gained=per[m]["gained"],
                                   loglik=per[m]["loglik"] / trials, kl=per[m]["kl"] / trials))
     ppl = []
     if perplexity:

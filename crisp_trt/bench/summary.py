@@ -67,7 +67,9 @@ def table(found: dict) -> str:
                 mine = [c for c in cells if c["method"] == m and c["n"] == n]
                 worst = min(c["accuracy"] - dense.get((n, c["depth"]), 0.0) for c in mine)
                 mean = sum(c["accuracy"] for c in mine) / len(mine)
-                lines.append(f"accuracy {m:<12} n={n:<6} mean {mean:.3f}  worst cell vs dense {worst:+.3f}")
+                flips = (f"  lost/gained trials {sum(c.get('lost', 0) for c in mine)}/"
+                         f"{sum(c.get('gained', 0) for c in mine)}")
+                lines.append(f"accuracy {m:<12} n={n:<6} mean {mean:.3f}  worst cell vs dense {worst:+.3f}{flips}")
         for p in acc.get("perplexity", []):
             lines.append(f"perplexity {p['method']:<12} n={p['n']:<6} {p['perplexity']:.4f}")
     for r in (found.get("e2e") or {}).get("rows", []):
