@@ -48,6 +48,7 @@ def load_model(path: str | os.PathLike | None = None, attn_implementation: str =
 
     attn_implementation: "crisp" (prefill through CRISP, decode dense), "sdpa", "eager", ...
     crisp_config: the model's CrispConfig (see crisp_trt.hf.set_crisp_config); ignored for other backends.
+    A half-precision model computes its logits in float32 (Float32Logits).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -99,3 +99,21 @@ def test_smollm2_crisp_vs_sdpa():
     assert hf.CALLS["crisp"] == 30
     assert (out - ref).abs().max().item() < 1e-3
     assert out[0, -1].argmax() == ref[0, -1].argmax()
+
+
+def test_float32_logits_on_a_half_model():
+    """models.float32_logits: a bf16 model's logits come out float32, closer to the float32 model's than its
+    own bf16 logits; a float32 model is left as it is."""
+    from crisp_trt.models import Float32Logits, float32_logits
+
+    full = tiny_llama("sdpa")
+    half = tiny_llama("sdpa").to(torch.bfloat16)
+    ids = torch.randint(0, 128, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref, before = full(ids).logits, half(ids).logits.float()
+        assert float32_logits(full).get_output_embeddings().__class__ is not Float32Logits
+        after = float32_logits(half)(ids).logits
+    assert isinstance(half.get_output_embeddings(), Float32Logits) and after.dtype == torch.float32
+    assert torch.isfinite(after).all()
+    assert (after - ref).abs().max() <= (before - ref).abs().max()
+    assert (after - before).abs().max() < 0.1  # the same head, without bf16's rounding of its output
