@@ -16,11 +16,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from crisp_trt import CrispConfig
+from crisp_trt.bench.op import SHAPES
 from crisp_trt.kernels.pipeline import Stages
 from crisp_trt.workloads.synthetic import synthetic_qkv
 
-SHAPES = {"llama3_8b": (32, 8, 128), "smollm2": (9, 3, 64)}
-H, HKV, D = SHAPES[os.environ.get("SHAPE", "llama3_8b")]
+SHAPE = os.environ.get("SHAPE", "llama3_8b")
+H, HKV, D = SHAPES[SHAPE]
 RUNS = 5
 
 
@@ -56,14 +57,13 @@ def main() -> None:
     lengths = [int(a) for a in sys.argv[1:]] or [131072]
     out = os.environ.get("OUT", "bench/results")
     os.makedirs(out, exist_ok=True)
-    shape = os.environ.get("SHAPE", "llama3_8b")
     for n in lengths:
         wall, times = kernel_times(n, CrispConfig())
-        with open(os.path.join(out, f"profile_{shape}_{n}.json"), "w") as f:
-            json.dump({"n": n, "shape": shape, "device": torch.cuda.get_device_name(), "wall_ms": wall,
+        with open(os.path.join(out, f"profile_{SHAPE}_{n}.json"), "w") as f:
+            json.dump({"n": n, "shape": SHAPE, "device": torch.cuda.get_device_name(), "wall_ms": wall,
                        "ms": times}, f, indent=1)
         total = sum(times.values())
-        print(f"{shape} n={n}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
+        print(f"{SHAPE} n={n}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
         for name, ms in times.items():
             print(f"  {ms:9.3f} ms {100 * ms / total:5.1f}%  {name}")
 

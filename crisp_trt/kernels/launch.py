@@ -6,7 +6,8 @@ ahead-of-time build (scripts/aot_kernels.py), so that the plugin runs the very c
   input; with plain i32 parameters the JIT's cubin equals the one compiled ahead of time.
   Pointer parameters end in `_ptr` (they keep Triton's 16-byte alignment specialisation).
 - `Sizes` / `buffers` / `Workspace`: strides and buffers of one launch, from max_seqlen (the plugin: its
-  tokens), laid out in one allocation whose zeroed prefix takes one memset (the torch op and the plugin).
+  tokens), laid out in one allocation whose zeroed prefix takes one memset (the torch op and the plugin);
+  `workspace` gives Sizes and Workspace, cached per shape.
 - `fixed` / `options`: constexprs fixed by these rules, and num_warps / num_stages.
 - `run`: launch a kernel with both.
 """
@@ -158,6 +159,7 @@ def buffers(seqs: int, heads: int, kv_heads: int, d: int, cfg: CrispConfig, z: S
 
 
 ALIGN = 256  # bytes: every buffer of the workspace starts on this boundary
+ITEMSIZE = {"float32": 4, "int32": 4, "int8": 1}
 
 
 @dataclass(frozen=True)
@@ -180,4 +182,9 @@ class Workspace:
         return cls(layout, zeroed, offset)
 
 
-ITEMSIZE = {"float32": 4, "int32": 4, "int8": 1}
+@functools.lru_cache(maxsize=64)
+def workspace(seqs: int, heads: int, kv_heads: int, d: int, cfg: CrispConfig,
+              max_seqlen: int) -> tuple[Sizes, Workspace]:
+    """Sizes and workspace layout of one launch, cached: every layer of a prefill asks for the same one."""
+    z = Sizes.of(max_seqlen, cfg)
+    return z, Workspace.of(buffers(seqs, heads, kv_heads, d, cfg, z))

@@ -17,7 +17,7 @@ import torch
 from ..config import CrispConfig
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
-from .launch import QG, SLASH_ROWS, Sizes, Workspace, buffers, run
+from .launch import QG, SLASH_ROWS, run, workspace
 from .poison import poison
 from .pool import pool_kernel
 from .route import route_jsd_kernel, route_kernel
@@ -54,8 +54,7 @@ class Stages:
     def __init__(self, q, k, cu_seqlens, max_seqlen: int, cfg: CrispConfig):
         self.q, self.k, self.cu, self.cfg = q, k, cu_seqlens, cfg
         self.seqs, (self.heads, self.d), self.kv_heads = cu_seqlens.shape[0] - 1, q.shape[1:], k.shape[1]
-        self.z = Sizes.of(max_seqlen, cfg)
-        self.ws = Workspace.of(buffers(self.seqs, self.heads, self.kv_heads, self.d, cfg, self.z))
+        self.z, self.ws = workspace(self.seqs, self.heads, self.kv_heads, self.d, cfg, max_seqlen)
         self.memory = torch.empty(self.ws.size, dtype=torch.uint8, device=q.device)
         self.scale, self.dense_below = 1.0 / math.sqrt(self.d), max(cfg.dense_below, 1)
         self.knobs = (cfg.kappa, cfg.floor_quantile, cfg.gamma)
