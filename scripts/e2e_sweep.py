@@ -71,23 +71,9 @@ class DensityMeter:
         return float(torch.stack(vals).mean()) if vals else None
 
 
-@torch.no_grad()
-def greedy(model, ids, new_tokens):
-    """Greedy ids plus per-step logits (float) — the runtime's loop, keeping the logits."""
-    out = model(input_ids=ids, use_cache=True)
-    logits = [out.logits[0, -1].float()]
-    past, toks = out.past_key_values, [int(logits[0].argmax())]
-    for _ in range(new_tokens - 1):
-        out = model(input_ids=torch.tensor([[toks[-1]]], device=ids.device), past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        logits.append(out.logits[0, -1].float())
-        toks.append(int(logits[-1].argmax()))
-    return toks, logits
-
-
 def main(argv=None) -> int:
     from crisp_trt import runtime
-    from crisp_trt.bench.e2e import retrieval_prompt_ids
+    from crisp_trt.bench.e2e import divergence, greedy, retrieval_prompt_ids
     from crisp_trt.builder.cli import parse_length
     from crisp_trt.hf import set_crisp_config
     from crisp_trt.models import set_attn_implementation
@@ -112,7 +98,8 @@ def main(argv=None) -> int:
         prompts = [retrieval_prompt_ids(tok, n, t, depth=(t + 0.5) / args.trials) for t in range(args.trials)]
         prompts = [(ids.to(device), exp) for ids, exp in prompts]
         set_attn_implementation(hf_model, "sdpa")
-        dense = [greedy(hf_model, ids, args.new_tokens) for ids, _ in prompts]
+        eos = tok.eos_token_id
+        dense = [greedy(hf_model, ids, args.new_tokens, eos) for ids, _ in prompts]
         dense_hits = sum(all(w in tok.decode(d[0]) for w in exp[:2]) for d, (_, exp) in zip(dense, prompts))
         for name in names:
             if name == "eager":
@@ -122,16 +109,15 @@ def main(argv=None) -> int:
                 set_attn_implementation(hf_model, "crisp")
             same, hits, kls, margins = 0, 0, [], []
             for (ids, exp), (dtoks, dlog) in zip(prompts, dense):
-                toks, logit = greedy(hf_model, ids, args.new_tokens)
+                toks, logit = greedy(hf_model, ids, args.new_tokens, eos)
                 text = tok.decode(toks)
                 same += toks == dtoks
                 hits += all(w in text for w in exp[:2])
                 pd, pv = torch.log_softmax(dlog[0], -1), torch.log_softmax(logit[0], -1)
                 kls.append(float((pd.exp() * (pd - pv)).sum()))
-                first = next((i for i, (a, b) in enumerate(zip(toks, dtoks)) if a != b), None)
-                if first is not None:
-                    top = dlog[first].topk(2).values
-                    margins.append(round(float(top[0] - top[1]), 3))
+                div = divergence((dtoks, dlog), toks)
+                if div is not None:
+                    margins.append(round(div["dense_gap"], 3))
             row = {"n": int(prompts[0][0].shape[1]), "variant": name, "identical": same, "trials": args.trials,
                    "retrieved": hits, "retrieved_dense": dense_hits, "density": meter.take(),
                    "kl_first_token": sum(kls) / len(kls), "dense_margin_at_divergence": margins}

@@ -131,3 +131,18 @@ def test_same_budget_oracle_against_brute_force():
     assert 0 < got["plan_mass"] <= got["oracle_mass"] <= 1 + 1e-6 and got["plan_rel_err"] > 1e-3
     full = same_budget_oracle(q, k, v, plan_from_masks([torch.ones(heads, nb, nb, dtype=torch.bool).tril()]), block)
     assert full["oracle_rel_err"] < 1e-5 and full["plan_rel_err"] < 1e-5 and full["oracle_mass"] == pytest.approx(1)
+
+
+def test_divergence_position_and_gap():
+    """e2e's divergence: the first step where the tokens differ and dense's top-2 logit gap there."""
+    import torch
+
+    from crisp_trt.bench.e2e import divergence
+
+    logits = [torch.tensor([0.0, 3.0, 1.0]), torch.tensor([2.5, 0.0, 2.0]), torch.tensor([0.0, 0.0, 1.0])]
+    dense = ([1, 0, 2], logits)
+    assert divergence(dense, [1, 0, 2]) is None
+    assert divergence(dense, [1, 0]) is None  # agrees on every step both took (an earlier stop)
+    got = divergence(dense, [1, 2, 2])
+    assert got["diverge_at"] == 1 and abs(got["dense_gap"] - 0.5) < 1e-6
+    assert divergence(dense, [2, 0, 2]) == {"diverge_at": 0, "dense_gap": 2.0}

@@ -173,3 +173,26 @@ def test_runtime_prefill_goes_through_crisp(artifact, monkeypatch):
     assert len(calls) == 30 and [c.kappa for c in calls] == [c.kappa for c in configs]  # layer i gets config i
     kl = torch.nn.functional.kl_div(sparse.log_softmax(-1), dense.log_softmax(-1), log_target=True, reduction="sum")
     assert float(kl) < 0.5
+
+
+@pytest.mark.slow
+def test_e2e_bench_on_the_artifact(artifact, tmp_path):
+    """crisp-bench e2e on the CPU at 1100 tokens (≥ dense_below, so CRISP really runs): TTFTs, the per-prompt
+    identity records and their totals, and the JSON on disk."""
+    from crisp_trt import hf
+    from crisp_trt.bench.e2e import run_e2e
+
+    before = hf.CALLS["crisp"]
+    res = run_e2e(artifact, [1100], tmp_path, repeats=1, warmup=0, trials=2, new_tokens=3, device="cpu", plot=False)
+    assert hf.CALLS["crisp"] - before >= 30  # every layer of at least one CRISP prefill
+    (row,) = res["rows"]
+    assert row["ttft_dense_ms"] > 0 and row["ttft_crisp_ms"] > 0 and row["trials"] == 2
+    prompts = row["prompts"]
+    assert [p["trial"] for p in prompts] == [0, 1]
+    assert row["identical_to_dense"] == sum(p["identical"] for p in prompts)
+    assert row["retrieved_crisp"] == sum(p["retrieved_crisp"] for p in prompts)
+    for p in prompts:
+        assert ("diverge_at" in p) == ("dense_gap" in p)
+        assert "diverge_at" not in p or (0 <= p["diverge_at"] < 3 and p["dense_gap"] >= 0)
+        assert p["identical"] or "diverge_at" in p  # different text needs different tokens
+    assert json.loads((tmp_path / "e2e.json").read_text())["rows"][0]["prompts"] == prompts

@@ -1,6 +1,8 @@
 """End-to-end latency of a crisp-build torch artifact: TTFT and prefill throughput vs prompt length,
 dense (SDPA) vs CRISP prefill, same process, same prompts; plus whether the greedy continuation of a
-planted-word retrieval prompt is identical to dense. JSON + PNG.
+planted-word retrieval prompt is identical to dense, per prompt with, where CRISP's tokens leave dense's,
+the position and dense's top-2 logit gap there (a gap of a few hundredths is a near-tie that any second
+dense kernel may flip too). JSON + PNG.
 
     from crisp_trt.bench.e2e import run_e2e
     run_e2e("artifact_dir", [2048, 4096, 8192], out_dir="bench/results")
@@ -34,6 +36,31 @@ def retrieval_prompt_ids(tokenizer, length: int, trial: int, depth: float = 0.5)
     return torch.tensor([ids]), words[3:]
 
 
+@torch.no_grad()
+def greedy(model, ids: torch.Tensor, new_tokens: int, eos: int | None = None) -> tuple[list, list]:
+    """Greedy token ids and each step's logits (float) from an HF model: the runtime's decoding loop (it
+    stops after eos), keeping the logits so that a divergence can be measured."""
+    out = model(input_ids=ids, use_cache=True)
+    logits = [out.logits[0, -1].float()]
+    past, toks = out.past_key_values, [int(logits[0].argmax())]
+    while len(toks) < new_tokens and toks[-1] != eos:
+        out = model(input_ids=torch.tensor([[toks[-1]]], device=ids.device), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits.append(out.logits[0, -1].float())
+        toks.append(int(logits[-1].argmax()))
+    return toks, logits
+
+
+def divergence(dense: tuple, toks: list) -> dict | None:
+    """Where greedy `toks` first leave dense's (`greedy`'s ids and logits) and dense's top-2 logit gap at
+    that step; None when they agree on every step both took."""
+    first = next((i for i, (a, b) in enumerate(zip(toks, dense[0])) if a != b), None)
+    if first is None:
+        return None
+    top = dense[1][first].topk(2).values
+    return {"diverge_at": first, "dense_gap": float(top[0] - top[1])}
+
+
 def _time_prefill(model, ids, repeats):
     times = []
     for _ in range(repeats):
@@ -45,7 +72,9 @@ def _time_prefill(model, ids, repeats):
 def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "bench/results", repeats: int = 5,
             warmup: int = 1, trials: int = 10, new_tokens: int = 6, device: str | None = None, plot: bool = True) -> dict:
     """TTFT dense vs CRISP per length (median of `repeats` after `warmup`), prefill tokens/s, and text
-    identity to dense on `trials` retrieval prompts per length. Writes e2e.json (+ e2e.png)."""
+    identity to dense on `trials` retrieval prompts per length (row["prompts"]: per prompt identical,
+    retrieved_dense / retrieved_crisp, and diverge_at / dense_gap where the tokens differ). Writes e2e.json
+    (+ e2e.png)."""
     from crisp_trt import runtime
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -63,19 +92,21 @@ def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "ben
             row[f"ttft_{att}_ms"] = _time_prefill(model, ids, repeats) * 1000
             row[f"prefill_tok_s_{att}"] = row["length"] / (row[f"ttft_{att}_ms"] / 1000)
         row["speedup"] = row["ttft_dense_ms"] / row["ttft_crisp_ms"]
-        same, hits = 0, {"dense": 0, "crisp": 0}
+        prompts = []
         for t in range(trials):
             tids, expected = retrieval_prompt_ids(model.tokenizer, n, t, depth=(t + 0.5) / trials)
             tids = tids.to(model.device)
-            outs = {}
+            runs, text = {}, {}
             for att in ("dense", "crisp"):
                 model.set_attention(att)
-                new, _, _ = model.generate_ids(tids, new_tokens)
-                outs[att] = model.tokenizer.decode(new, skip_special_tokens=True)
-                hits[att] += all(w in outs[att] for w in expected[:2])
-            same += outs["dense"] == outs["crisp"]
-        row.update({"identical_to_dense": same, "trials": trials, "retrieved_dense": hits["dense"],
-                    "retrieved_crisp": hits["crisp"]})
+                runs[att] = greedy(model.model, tids, new_tokens, model.tokenizer.eos_token_id)
+                text[att] = model.tokenizer.decode(runs[att][0], skip_special_tokens=True)
+            prompts.append({"trial": t, "identical": text["dense"] == text["crisp"],
+                            **{f"retrieved_{att}": all(w in text[att] for w in expected[:2]) for att in text},
+                            **(divergence(runs["dense"], runs["crisp"][0]) or {})})
+        row.update({"identical_to_dense": sum(p["identical"] for p in prompts), "trials": trials,
+                    "retrieved_dense": sum(p["retrieved_dense"] for p in prompts),
+                    "retrieved_crisp": sum(p["retrieved_crisp"] for p in prompts), "prompts": prompts})
         rows.append(row)
     result = {"artifact": str(artifact_dir), "device": device,
               "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -124,7 +155,7 @@ def main_from_args(args) -> int:
     res = run_e2e(args.artifact, [parse_length(x) for x in args.lengths.split(",")], args.out, args.repeats,
                   trials=args.trials, device=args.device)
     for r in res["rows"]:
-        print(json.dumps(r))
+        print(json.dumps({k: v for k, v in r.items() if k != "prompts"}))
     return 0
 
 
