@@ -21,20 +21,11 @@ _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.fl
 
 
 def load_checkpoint(model: str | Path, dtype: str = "auto"):
-    """(model, tokenizer) from an HF directory or a .gguf file, dense (SDPA) attention, eval mode, CPU."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(model, tokenizer) from an HF directory or a .gguf file, dense (SDPA) attention, eval mode, CPU, with
+    the checkpoint's own LM head (the weights are saved as they are)."""
+    from crisp_trt.models import load_model
 
-    path = Path(model)
-    kwargs = {"attn_implementation": "sdpa"}
-    if dtype != "auto":
-        kwargs["dtype"] = _TORCH_DTYPES[dtype]
-    if path.is_file():  # GGUF: transformers dequantises (fp32 unless dtype given)
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        mdl = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
-    else:
-        tok = AutoTokenizer.from_pretrained(str(path))
-        mdl = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    return mdl.eval(), tok
+    return load_model(model, "sdpa", dtype=None if dtype == "auto" else _TORCH_DTYPES[dtype], logits32=False)
 
 
 def save_weights(mdl, out: Path) -> None:

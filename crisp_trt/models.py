@@ -42,13 +42,17 @@ def _require(module: str, pip_name: str) -> None:
 
 
 def load_model(path: str | os.PathLike | None = None, attn_implementation: str = "crisp",
-               crisp_config: CrispConfig | dict | None = None, dtype: torch.dtype = torch.float32,
-               device: str | torch.device | None = None):
-    """(model, tokenizer) from a GGUF file (default: smollm2_path()) or an HF checkpoint directory.
+               crisp_config: CrispConfig | dict | None = None, dtype: torch.dtype | None = torch.float32,
+               device: str | torch.device | None = None, logits32: bool = True):
+    """(model, tokenizer) from a GGUF file (default: smollm2_path()) or an HF checkpoint directory, in eval
+    mode, from local files only. The one loader: the builder (checkpoint → artifact), the runtime (artifact)
+    and the benches all come through here.
 
     attn_implementation: "crisp" (prefill through CRISP, decode dense), "sdpa", "eager", ...
     crisp_config: the model's CrispConfig (see crisp_trt.hf.set_crisp_config); ignored for other backends.
-    A half-precision model computes its logits in float32 (Float32Logits).
+    dtype: the weights' dtype (a GGUF is dequantised to it); None keeps transformers' default for the file.
+    logits32: a half-precision model computes its logits in float32 (Float32Logits); the builder, which
+    saves the weights, turns it off.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -65,7 +69,9 @@ def load_model(path: str | os.PathLike | None = None, attn_implementation: str =
     else:
         kwargs, where = {}, str(path)
     tok = AutoTokenizer.from_pretrained(where, local_files_only=True, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=dtype,
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True,
                                                  attn_implementation=attn_implementation, **kwargs)
     if attn_implementation == "crisp" or crisp_config is not None:
         from .hf import set_crisp_config
@@ -74,7 +80,7 @@ def load_model(path: str | os.PathLike | None = None, attn_implementation: str =
     if device is not None:
         model = model.to(device)
     model.eval()
-    return float32_logits(model), tok
+    return (float32_logits(model) if logits32 else model), tok
 
 
 class Float32Logits(torch.nn.Module):

@@ -89,24 +89,15 @@ class CrispModel:
 def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtype=None) -> CrispModel:
     """Load a crisp-build torch artifact directory (a half-precision model keeps float32 logits:
     models.Float32Logits)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from crisp_trt.builder.artifact import read_crisp
 
-    from .models import float32_logits
+    from .models import load_model
 
     path = Path(artifact_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json: not a crisp-build artifact (run crisp-build --output {path})")
     crisp = read_crisp(path)
-    kwargs = {"attn_implementation": "sdpa"}
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
-    if device:
-        model = model.to(device)
-    float32_logits(model)
-    tok = AutoTokenizer.from_pretrained(str(path))
+    model, tok = load_model(path, "sdpa", dtype=dtype, device=device or None)
     return CrispModel(model, tok, crisp, attention)
 
 
