@@ -95,15 +95,3 @@ def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: in
              + (" (global defaults confirmed)" if record["defaults_confirmed"] else " (per-layer kappa/tau)")
              if record else "skipped (defaults)") + f", {time.time() - t0:.1f} s", flush=True)
     return out
-
-
-def read_crisp(artifact_dir) -> dict:
-    cfg = json.loads((Path(artifact_dir) / "config.json").read_text())
-    if "crisp" not in cfg:
-        raise ValueError(f"{artifact_dir}/config.json has no 'crisp' section: not a crisp-build artifact")
-    return cfg["crisp"]
-
-
-def layer_configs(crisp: dict) -> list[CrispConfig]:
-    base = CrispConfig.from_dict(crisp["config"])
-    return [base.replace(kappa=float(l["kappa"]), tau=float(l["tau"])) for l in crisp["layers"]]

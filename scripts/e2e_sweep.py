@@ -74,7 +74,7 @@ class DensityMeter:
 def main(argv=None) -> int:
     from crisp_trt import runtime
     from crisp_trt.bench.e2e import divergence, greedy, retrieval_prompt_ids
-    from crisp_trt.builder.cli import parse_length
+    from crisp_trt.lengths import parse_length
     from crisp_trt.hf import set_crisp_config
     from crisp_trt.models import set_attn_implementation
 

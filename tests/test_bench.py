@@ -9,7 +9,7 @@ from crisp_trt.bench import op, summary
 from crisp_trt.bench.cli import main
 from crisp_trt import reference
 from crisp_trt.bench.recall import plan_from_masks, plan_recall, same_budget_oracle, sample_rows
-from crisp_trt.builder.cli import parse_length
+from crisp_trt.lengths import parse_length
 from crisp_trt.workloads.fit import fit_at
 from crisp_trt.workloads.synthetic import SyntheticSpec, synthetic_qkv
 

@@ -6,7 +6,7 @@ import sys
 
 
 def _lens(s: str):
-    from ..builder.cli import parse_length
+    from ..lengths import parse_length
 
     return tuple(parse_length(x) for x in s.split(",") if x)
 

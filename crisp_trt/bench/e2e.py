@@ -150,7 +150,7 @@ def add_arguments(p) -> None:
 
 
 def main_from_args(args) -> int:
-    from ..builder.cli import parse_length
+    from ..lengths import parse_length
 
     res = run_e2e(args.artifact, [parse_length(x) for x in args.lengths.split(",")], args.out, args.repeats,
                   trials=args.trials, device=args.device)
