@@ -22,6 +22,17 @@ from .launch import kernel
 
 
 @triton.jit
+def _chunk(cu_ptr, chunk, dense_below, total, NCH, BLOCK: tl.constexpr):
+    """This program's key-block chunk c, head h and sequence s of grid (NCH, H, S), the sequence's start,
+    length and blocks, and whether it is idle (a dense sequence, or one that ends before chunk c)."""
+    c = tl.program_id(0)
+    s = tl.program_id(2)
+    start, n = seq_bounds(cu_ptr, s, total, NCH * chunk * BLOCK)
+    nb = (n + BLOCK - 1) // BLOCK
+    return c, tl.program_id(1), s, start, n, nb, (n < dense_below) | (c * chunk >= nb)
+
+
+@triton.jit
 def _window(q_ptr, start, n, h, sm_scale, H, L: tl.constexpr, D: tl.constexpr):
     """The window's queries, their positions and validity, and the log2-domain logit scale."""
     rows = tl.minimum(n, L)
@@ -57,12 +68,8 @@ def _logits(q, k_ptr, start, n, k_pos, r_pos, row_ok, hk, qk_scale, HK, D: tl.co
 @kernel
 def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_scale, chunk, dense_below, total,
                             H, G, NCH, L: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
-    c = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.program_id(2)
-    start, n = seq_bounds(cu_ptr, s, total, NCH * chunk * BLOCK)
-    nb = (n + BLOCK - 1) // BLOCK
-    if (n < dense_below) | (c * chunk >= nb):
+    c, h, s, start, n, nb, idle = _chunk(cu_ptr, chunk, dense_below, total, NCH, BLOCK)
+    if idle:
         return
     q, r_pos, row_ok, rows, qk_scale = _window(q_ptr, start, n, h, sm_scale, H, L, D)
     m = tl.full([L], float("-inf"), tl.float32)
@@ -81,12 +88,8 @@ def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_sca
 def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr, vmax_ptr, s_ptr, sm_scale, chunk,
                          dense_below, total, H, G, NB, NCH, L: tl.constexpr, BLOCK: tl.constexpr, W: tl.constexpr,
                          D: tl.constexpr):
-    c = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.program_id(2)
-    start, n = seq_bounds(cu_ptr, s, total, NCH * chunk * BLOCK)
-    nb = (n + BLOCK - 1) // BLOCK
-    if (n < dense_below) | (c * chunk >= nb):
+    c, h, s, start, n, nb, idle = _chunk(cu_ptr, chunk, dense_below, total, NCH, BLOCK)
+    if idle:
         return
     q, r_pos, row_ok, rows, qk_scale = _window(q_ptr, start, n, h, sm_scale, H, L, D)
     head = s * H + h
