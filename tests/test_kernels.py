@@ -154,3 +154,31 @@ def test_crisp_cuda_dense_and_poison(device):
     k[7, 1, 3] = 0.0
     bad = torch.tensor([0, 200, 120], dtype=torch.int32, device=device)
     assert torch.isnan(crisp_cuda(q, k, v, bad, 200, cfg)[0]).all()
+
+
+@pytest.mark.parametrize("tau,route", [(0.97, 1), (1.0, 2)])
+def test_pipeline_reads_only_what_it_wrote(device, tau, route):
+    """The workspace comes from torch.empty: a plan must not depend on what a previous user left there. The
+    same packed batch (varlen, partial last blocks; vertical-slash heads, then block-sparse ones)
+    planned and attended over a zeroed, an all-0xFF (NaN floats, -1 ints) and a random-byte workspace gives
+    bitwise-equal plans and outputs."""
+    from crisp_trt.kernels.pipeline import Stages
+
+    cfg = BASE.replace(dense_below=0, tau=tau)
+    lens = [450, 700]
+    cu = torch.tensor([0, 450, 1150], dtype=torch.int32, device=device)
+    q, k, v = (t[0].half().to(device) for t in synthetic_qkv(1150, 4, 2, 64, seed=6))
+    runs = []
+    for fill in (lambda m: m.zero_(), lambda m: m.fill_(255), lambda m: m.random_(0, 256)):
+        st = Stages(q, k, cu, max(lens), cfg)
+        fill(st.memory)
+        p = st.plan()
+        runs.append((st.attend(v), p))
+    (out0, p0), rest = runs[0], runs[1:]
+    assert torch.isfinite(out0).all() and bool((p0.route == route).any())
+    for out, p in rest:
+        assert torch.equal(out, out0)
+        for name in ("counts", "dense", "route", "c_struct", "density"):
+            assert torch.equal(getattr(p, name), getattr(p0, name)), name
+        valid = torch.arange(p.idx.shape[-1], device=device) < p.counts[..., None]
+        assert torch.equal(torch.where(valid, p.idx, -1), torch.where(valid, p0.idx, -1))
