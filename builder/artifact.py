@@ -25,6 +25,8 @@ def load_checkpoint(model: str | Path, dtype: str = "auto"):
     the checkpoint's own LM head (the weights are saved as they are)."""
     from crisp_trt.models import load_model
 
+    if model is None:
+        raise ValueError("model: expected a checkpoint directory or a .gguf file, got None")
     return load_model(model, "sdpa", dtype=None if dtype == "auto" else _TORCH_DTYPES[dtype], logits32=False)
 
 

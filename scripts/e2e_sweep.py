@@ -5,7 +5,9 @@ each variant: the artifact's calibrated per-layer configs, uniform CrispConfig o
 control (HF eager attention: same math as SDPA, other kernels) that measures how often bf16 noise alone
 changes the text. Per variant and length: identical texts, retrieved, mean block density, the dense
 next-token KL at the prompt's end, and at each divergence the dense top-1/top-2 logit margin there
-(a small margin means a near tie that any rounding can flip).
+(a small margin means a near tie that any rounding can flip). Identity is token equality, greedy stopping
+after eos (crisp_trt.bench.e2e.greedy; sweeps before session 6 always ran --new-tokens steps, so their
+counts can be lower for prompts that end early).
 
     python3 scripts/e2e_sweep.py ARTIFACT_DIR --lengths 2k,4k,8k --out OUT_DIR
 """

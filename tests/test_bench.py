@@ -143,6 +143,7 @@ def test_divergence_position_and_gap():
     dense = ([1, 0, 2], logits)
     assert divergence(dense, [1, 0, 2]) is None
     assert divergence(dense, [1, 0]) is None  # agrees on every step both took (an earlier stop)
+    assert divergence(([1, 0], logits[:2]), [1, 0, 2]) is None  # dense stopped first
     got = divergence(dense, [1, 2, 2])
     assert got["diverge_at"] == 1 and abs(got["dense_gap"] - 0.5) < 1e-6
     assert divergence(dense, [2, 0, 2]) == {"diverge_at": 0, "dense_gap": 2.0}
