@@ -8,6 +8,8 @@ config (hf.set_crisp_config with one config per layer); decode steps use SDPA.
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import sys
 import time
@@ -60,24 +62,16 @@ class CrispModel:
             ids = self.tokenizer(prompt, return_tensors="pt").input_ids
         return ids.to(self.device)
 
-    @torch.no_grad()
     def generate_ids(self, input_ids: torch.Tensor, max_new_tokens: int = 32) -> tuple[list, float, float]:
         """Greedy decoding; returns (new token ids, TTFT seconds, total seconds)."""
         sync = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
-        eos = self.tokenizer.eos_token_id
         sync()
         t0 = time.perf_counter()
-        out = self.model(input_ids=input_ids, use_cache=True)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        steps = greedy_steps(self.model, input_ids, max_new_tokens, self.tokenizer.eos_token_id)
+        new = [next(steps)[0]]  # the prefill and its token
         sync()
         ttft = time.perf_counter() - t0
-        past, new = out.past_key_values, [int(token)]
-        for _ in range(max_new_tokens - 1):
-            if eos is not None and new[-1] == eos:
-                break
-            out = self.model(input_ids=token, past_key_values=past, use_cache=True)
-            past, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-            new.append(int(token))
+        new += [token for token, _ in steps]
         sync()
         return new, ttft, time.perf_counter() - t0
 
@@ -86,6 +80,28 @@ class CrispModel:
         new, ttft, total = self.generate_ids(ids, max_new_tokens)
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         return Generation(text, new, ttft, total, int(ids.shape[1]))
+
+
+@functools.cache
+def _cache_argument(model_class) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def greedy_steps(model, ids: torch.Tensor, max_new_tokens: int, eos: int | None = None):
+    """Greedy decoding of one sequence with an HF causal LM, one step at a time: yields (token, that step's
+    logits as float [vocab]); stops after eos or max_new_tokens. The KV cache travels under the forward's
+    own argument name (`cache` in transformers 5, `past_key_values` before)."""
+    cache = _cache_argument(type(model))
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        for step in range(max_new_tokens):
+            logits = out.logits[0, -1].float()
+            token = int(logits.argmax())
+            yield token, logits
+            if token == eos or step + 1 == max_new_tokens:
+                return
+            out = model(input_ids=torch.tensor([[token]], device=ids.device), use_cache=True,
+                        **{cache: getattr(out, cache)})
 
 
 def read_crisp(artifact_dir) -> dict:

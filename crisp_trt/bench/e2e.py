@@ -36,19 +36,13 @@ def retrieval_prompt_ids(tokenizer, length: int, trial: int, depth: float = 0.5)
     return torch.tensor([ids]), words[3:]
 
 
-@torch.no_grad()
 def greedy(model, ids: torch.Tensor, new_tokens: int, eos: int | None = None) -> tuple[list, list]:
-    """Greedy token ids and each step's logits (float) from an HF model: the runtime's decoding loop (it
-    stops after eos), keeping the logits so that a divergence can be measured."""
-    out = model(input_ids=ids, use_cache=True)
-    logits = [out.logits[0, -1].float()]
-    past, toks = out.past_key_values, [int(logits[0].argmax())]
-    while len(toks) < new_tokens and toks[-1] != eos:
-        out = model(input_ids=torch.tensor([[toks[-1]]], device=ids.device), past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        logits.append(out.logits[0, -1].float())
-        toks.append(int(logits[-1].argmax()))
-    return toks, logits
+    """Greedy token ids and each step's logits (float) from an HF model: the runtime's decoding
+    (runtime.greedy_steps, which stops after eos), keeping the logits so that a divergence can be measured."""
+    from ..runtime import greedy_steps
+
+    steps = list(greedy_steps(model, ids, new_tokens, eos))
+    return [t for t, _ in steps], [logits for _, logits in steps]
 
 
 def divergence(dense: tuple, toks: list) -> dict | None:
