@@ -87,21 +87,21 @@ def _cache_argument(model_class) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
+@torch.no_grad()  # torch's decorator re-enters no_grad around each resume, so the caller keeps its mode
 def greedy_steps(model, ids: torch.Tensor, max_new_tokens: int, eos: int | None = None):
     """Greedy decoding of one sequence with an HF causal LM, one step at a time: yields (token, that step's
     logits as float [vocab]); stops after eos or max_new_tokens. The KV cache travels under the forward's
     own argument name (`cache` in transformers 5, `past_key_values` before)."""
     cache = _cache_argument(type(model))
-    with torch.no_grad():
-        out = model(input_ids=ids, use_cache=True)
-        for step in range(max_new_tokens):
-            logits = out.logits[0, -1].float()
-            token = int(logits.argmax())
-            yield token, logits
-            if token == eos or step + 1 == max_new_tokens:
-                return
-            out = model(input_ids=torch.tensor([[token]], device=ids.device), use_cache=True,
-                        **{cache: getattr(out, cache)})
+    out = model(input_ids=ids, use_cache=True)
+    for step in range(max_new_tokens):
+        logits = out.logits[0, -1].float()
+        token = int(logits.argmax())
+        yield token, logits
+        if token == eos or step + 1 == max_new_tokens:
+            return
+        out = model(input_ids=torch.tensor([[token]], device=ids.device), use_cache=True,
+                    **{cache: getattr(out, cache)})
 
 
 def read_crisp(artifact_dir) -> dict:
