@@ -17,7 +17,7 @@ import torch
 from ..config import CrispConfig
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
-from .launch import QG, SLASH_ROWS, run, workspace
+from .launch import ITEMSIZE, QG, SLASH_ROWS, run, workspace
 from .poison import poison
 from .pool import pool_kernel
 from .route import route_jsd_kernel, route_kernel
@@ -63,9 +63,8 @@ class Stages:
 
     def _buffer(self, name: str) -> torch.Tensor:
         offset, shape, dtype = self.ws.layout[name]
-        dt = getattr(torch, dtype)
-        count = math.prod(shape) * dt.itemsize
-        return self.memory[offset:offset + count].view(dt).view(shape)
+        count = math.prod(shape) * ITEMSIZE[dtype]  # the byte sizes Workspace laid the buffers out with
+        return self.memory[offset:offset + count].view(getattr(torch, dtype)).view(shape)
 
     def estimate(self):
         """Proxy-map statistics vsum, vmax, ssum, smax [S, H, NB] and the pooled q/k blocks."""
