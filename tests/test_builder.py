@@ -191,6 +191,7 @@ def test_e2e_bench_on_the_artifact(artifact, tmp_path):
     assert [p["trial"] for p in prompts] == [0, 1]
     assert row["identical_to_dense"] == sum(p["identical"] for p in prompts)
     assert row["retrieved_crisp"] == sum(p["retrieved_crisp"] for p in prompts)
+    assert row["identical_control"] == sum(p["identical_control"] for p in prompts)
     for p in prompts:
         assert ("diverge_at" in p) == ("dense_gap" in p)
         assert "diverge_at" not in p or (0 <= p["diverge_at"] < 3 and p["dense_gap"] >= 0)

@@ -2,7 +2,8 @@
 dense (SDPA) vs CRISP prefill, same process, same prompts; plus whether the greedy continuation of a
 planted-word retrieval prompt is identical to dense, per prompt with, where CRISP's tokens leave dense's,
 the position and dense's top-2 logit gap there (a gap of a few hundredths is a near-tie that any second
-dense kernel may flip too). JSON + PNG.
+dense kernel may flip too). The control measures exactly that in the same run: dense through HF's eager
+kernels (same maths as SDPA, other rounding) against SDPA on the same prompts. JSON + PNG.
 
     from crisp_trt.bench.e2e import run_e2e
     run_e2e("artifact_dir", [2048, 4096, 8192], out_dir="bench/results")
@@ -64,12 +65,14 @@ def _time_prefill(model, ids, repeats):
 
 
 def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "bench/results", repeats: int = 5,
-            warmup: int = 1, trials: int = 10, new_tokens: int = 6, device: str | None = None, plot: bool = True) -> dict:
+            warmup: int = 1, trials: int = 10, new_tokens: int = 6, device: str | None = None, plot: bool = True,
+            control: bool = True) -> dict:
     """TTFT dense vs CRISP per length (median of `repeats` after `warmup`), prefill tokens/s, and text
     identity to dense on `trials` retrieval prompts per length (row["prompts"]: per prompt identical,
-    retrieved_dense / retrieved_crisp, and diverge_at / dense_gap where the tokens differ). Writes e2e.json
-    (+ e2e.png)."""
+    retrieved_dense / retrieved_crisp, and diverge_at / dense_gap where the tokens differ; with `control`,
+    identical_control: HF eager dense against SDPA dense). Writes e2e.json (+ e2e.png)."""
     from crisp_trt import runtime
+    from crisp_trt.models import set_attn_implementation
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device == "cuda" else None
@@ -95,9 +98,16 @@ def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "ben
                 model.set_attention(att)
                 runs[att] = greedy(model.model, tids, new_tokens, model.tokenizer.eos_token_id)
                 text[att] = model.tokenizer.decode(runs[att][0], skip_special_tokens=True)
-            prompts.append({"trial": t, "identical": text["dense"] == text["crisp"],
-                            **{f"retrieved_{att}": all(w in text[att] for w in expected[:2]) for att in text},
-                            **(divergence(runs["dense"], runs["crisp"][0]) or {})})
+            record = {"trial": t, "identical": text["dense"] == text["crisp"],
+                      **{f"retrieved_{att}": all(w in text[att] for w in expected[:2]) for att in text},
+                      **(divergence(runs["dense"], runs["crisp"][0]) or {})}
+            if control:
+                set_attn_implementation(model.model, "eager")
+                eager = greedy(model.model, tids, new_tokens, model.tokenizer.eos_token_id)[0]
+                record["identical_control"] = model.tokenizer.decode(eager, skip_special_tokens=True) == text["dense"]
+            prompts.append(record)
+        if control:
+            row["identical_control"] = sum(p["identical_control"] for p in prompts)
         row.update({"identical_to_dense": sum(p["identical"] for p in prompts), "trials": trials,
                     "retrieved_dense": sum(p["retrieved_dense"] for p in prompts),
                     "retrieved_crisp": sum(p["retrieved_crisp"] for p in prompts), "prompts": prompts})
@@ -141,13 +151,15 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed prefills per length and attention (median)")
     p.add_argument("--trials", type=int, default=10, help="retrieval prompts per length for the identity check")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
+    p.add_argument("--no-control", dest="control", action="store_false",
+                   help="skip the eager-dense control (HF eager vs SDPA identity on the same prompts)")
 
 
 def main_from_args(args) -> int:
     from ..lengths import parse_length
 
     res = run_e2e(args.artifact, [parse_length(x) for x in args.lengths.split(",")], args.out, args.repeats,
-                  trials=args.trials, device=args.device)
+                  trials=args.trials, device=args.device, control=args.control)
     for r in res["rows"]:
         print(json.dumps({k: v for k, v in r.items() if k != "prompts"}))
     return 0

@@ -74,7 +74,8 @@ def table(found: dict) -> str:
             lines.append(f"perplexity {p['method']:<12} n={p['n']:<6} {p['perplexity']:.4f}")
     for r in (found.get("e2e") or {}).get("rows", []):
         lines.append(f"e2e n={r['length']:<6} TTFT dense {r['ttft_dense_ms']:.1f} ms  crisp {r['ttft_crisp_ms']:.1f} ms  "
-                     f"x{r['speedup']:.2f}  identical {r['identical_to_dense']}/{r['trials']}")
+                     f"x{r['speedup']:.2f}  identical {r['identical_to_dense']}/{r['trials']}"
+                     + (f" (eager-dense control {r['identical_control']}/{r['trials']})" if "identical_control" in r else ""))
     return "\n".join(lines) or "no results"
 
 
