@@ -1,7 +1,8 @@
 """Speed table on the GPU: the CRISP op (estimate → route → select → attend) vs cuDNN / FA2 dense.
 
 Llama-3-8B-like shape (32 q / 8 kv heads, d=128, bf16), synthetic workload generated on the GPU (the
-spec fitted to SmolLM2, DESIGN.md §6; WORKLOAD=synthetic_plain for the hand-set one), one
+spec fitted to SmolLM2, DESIGN.md §6; WORKLOAD=synthetic_classes for one spec per class of SmolLM2
+layers, synthetic_plain for the hand-set one: crisp_trt.bench.op.SYNTHETIC), one
 default CrispConfig for every length. Per n, all in the same process: dense ms (cuDNN, FLASH); CRISP
 and FlexPrefill-mode op ms, density, output rel. error vs cuDNN, routing+select ms (plan) and share,
 per-stage ms (estimate, route, select, attend), attend TFLOP/s over the blocks it computes, the
@@ -20,16 +21,16 @@ import time
 import torch
 
 from crisp_trt import CrispConfig, crisp_prefill_attention, reference
-from crisp_trt.bench.op import dense_fn, median_ms, reference_masks
+from crisp_trt.bench.op import SYNTHETIC, dense_fn, median_ms, reference_masks
 from crisp_trt.bench.recall import same_budget_oracle
 from crisp_trt.config import method_config
 from crisp_trt.kernels.attend import attend
 from crisp_trt.kernels.pipeline import Stages, masks_from_plan
-from crisp_trt.workloads.fit import fitted_spec
-from crisp_trt.workloads.synthetic import SyntheticSpec, synthetic_qkv
+from crisp_trt.workloads.mixture import workload_qkv
+from crisp_trt.workloads.synthetic import synthetic_qkv
 
 H, HKV, D = 32, 8, 128
-SPEC = fitted_spec() if os.environ.get("WORKLOAD", "synthetic") == "synthetic" else SyntheticSpec()
+SPEC = SYNTHETIC[os.environ.get("WORKLOAD", "synthetic")]()
 
 
 def rel(a, b):
@@ -80,7 +81,7 @@ def kernel_vs_reference(q, k, v, cfg, out, p, rows=1024):
 
 def row(n, dev):
     reps = 5 if n >= 131072 else 10
-    q, k, v = (t[0] for t in synthetic_qkv(n, H, HKV, D, spec=SPEC, dtype=torch.bfloat16, seed=0, device=dev))
+    q, k, v = (t[0] for t in workload_qkv(SPEC, n, H, HKV, D, dtype=torch.bfloat16, seed=0, device=dev))
     r = {"n": n}
     r["cudnn_ms"] = median_ms(dense_fn("dense_cudnn", q, k, v), reps, dev)
     r["flash_ms"] = median_ms(dense_fn("dense_fa2", q, k, v), reps, dev)

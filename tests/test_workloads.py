@@ -145,3 +145,68 @@ def test_capture_real_qkv():
     grabbed = capture_qkv(256, layers=(0, 29))
     q, k, v = grabbed[29]
     assert q.shape == (1, 256, 9, 64) and k.shape == (1, 256, 3, 64) and v.shape == k.shape
+
+
+# The layer-class mixture (workloads/mixture.py)
+from crisp_trt.workloads.mixture import LayerClass, kv_assignment, mixture_qkv, workload_qkv  # noqa: E402
+
+_TWO = (LayerClass("early", 9, (SyntheticSpec(sink_share=0.02, local_share=0.3, top_share=0.35, decay=1.0),)),
+        LayerClass("late", 21, (SyntheticSpec(sink_share=0.4, local_share=0.4, top_share=0.06, decay=2.0),)))
+
+
+def test_layer_class_interpolates_its_knots_in_log2_n():
+    """Between knots linear in log2 n (ln floor), at a knot that knot, beyond the ends the end segment."""
+    knots = (SyntheticSpec(ref_n=1024, sink_share=0.4, floor=0.1, decay=1.0),
+             SyntheticSpec(ref_n=4096, sink_share=0.3, floor=0.025, decay=2.0),
+             SyntheticSpec(ref_n=16384, sink_share=0.3, floor=0.025, decay=1.0))
+    cls = LayerClass("c", 1, knots)
+    mid = cls.spec_at(2048)
+    assert mid.ref_n == 2048 and mid.sink_share == pytest.approx(0.35) and mid.floor == pytest.approx(0.05)
+    assert mid.decay == pytest.approx(1.5) and mid.local_share == knots[0].local_share
+    assert cls.spec_at(4096).sink_share == pytest.approx(0.3) and cls.spec_at(4096).decay == pytest.approx(2.0)
+    assert cls.spec_at(65536).decay == pytest.approx(0.0)  # the end segment, clamped at 0
+    assert cls.spec_at(512).sink_share == pytest.approx(0.45)  # the first segment, extended below
+    assert logits_at(cls.spec_at(2048), 2048, 64) == logits_at(mid, 2048, 64)
+
+
+def test_kv_assignment_in_proportion_to_layers():
+    assert kv_assignment(_TWO, 8) == [0, 0, 1, 1, 1, 1, 1, 1]  # 2.4 / 5.6 -> 2 / 6
+    assert kv_assignment(_TWO, 3) == [0, 1, 1]  # 0.9 / 2.1 -> 1 / 2
+    assert kv_assignment(_TWO, 1) == [1]  # too few heads for both: the larger share
+    three = _TWO + (LayerClass("tiny", 1, SyntheticSpec()),)
+    assert sorted(set(kv_assignment(three, 4))) == [0, 1, 2]  # every class gets a head when it can
+    with pytest.raises(ValueError, match="kv_heads=0"):
+        kv_assignment(_TWO, 0)
+
+
+def test_mixture_heads_are_their_class_workload():
+    """Each kv head (and its query group) is exactly synthetic_qkv of its class's spec, with its own seed."""
+    q, k, v = mixture_qkv(256, 6, 3, 64, classes=_TWO, seed=5)
+    assert q.shape == (1, 256, 6, 64) and k.shape == v.shape == (1, 256, 3, 64)
+    for h, c in enumerate(kv_assignment(_TWO, 3)):
+        want = synthetic_qkv(256, 2, 1, 64, spec=_TWO[c].spec_at(256), seed=5 * 1009 + h)
+        for got, ref in zip((q[:, :, 2 * h: 2 * h + 2], k[:, :, h: h + 1], v[:, :, h: h + 1]), want):
+            assert torch.equal(got, ref)
+    late, early = attention_stats(q[..., 2:4, :], k[..., 1:2, :]), attention_stats(q[..., :2, :], k[..., :1, :])
+    assert late["sink_share"] > early["sink_share"] + 0.2  # the classes stay distinct inside one input
+    assert torch.equal(workload_qkv(_TWO, 256, 6, 3, 64, seed=5)[0], q)
+    assert torch.equal(workload_qkv(_TWO[0].spec_at(256), 256, 6, 3, 64, seed=5)[1],
+                       synthetic_qkv(256, 6, 3, 64, spec=_TWO[0].spec_at(256), seed=5)[1])
+    with pytest.raises(ValueError, match="heads=5"):
+        mixture_qkv(256, 5, 3, 64, classes=_TWO)
+
+
+def test_stored_classes_are_within_tolerance_and_reproduce_1k():
+    """The shipped layer classes: the stored check meets the tolerance at every measured length and at the
+    law's goals, and a fresh synthetic measurement at 1k still matches each class's real statistics."""
+    from crisp_trt.workloads.mixture import CLASSES_PATH, fitted_classes
+
+    record = json.load(open(CLASSES_PATH))
+    assert record["tolerance"] == TOLERANCE and record["tolerance_met"]
+    classes = fitted_classes()
+    assert [c.name for c in classes] == [c["name"] for c in record["classes"]]
+    for c, stored in zip(classes, record["classes"]):
+        assert [k.ref_n for k in c.knots] == sorted(int(n) for n in stored["lengths"])
+        assert all(row["within_tolerance"] for row in stored["lengths"].values())
+        got = synthetic_stats(c.spec_at(1024), 1024)
+        assert within_tolerance(stored["lengths"]["1024"]["real"], got), (c.name, got)

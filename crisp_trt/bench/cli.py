@@ -89,7 +89,8 @@ def main(argv=None):
     o.add_argument("--shapes", default="llama3_8b,smollm2", help="llama3_8b (32/8, d=128), smollm2 (9/3, d=64)")
     o.add_argument("--methods", default="dense_cudnn,dense_fa2,crisp,flexprefill,crisp_gamma,crisp_jsd")
     o.add_argument("--workloads", default="synthetic",
-                   help="synthetic (fitted to SmolLM2), synthetic_plain (hand-set spec), real (SmolLM2 Q/K/V, ≤ 8k)")
+                   help="synthetic (one spec fitted to SmolLM2's mean layer), synthetic_classes (a spec per class of "
+                        "SmolLM2 layers, one per kv head), synthetic_plain (hand-set spec), real (SmolLM2 Q/K/V, ≤ 8k)")
     o.add_argument("--spec", help="JSON SyntheticSpec (e.g. from crisp_trt.workloads.fit)")
     o.add_argument("--repeats", type=int, default=5)
     o.add_argument("--recall-max-n", type=int, default=16384, help="longest n whose recall is measured")

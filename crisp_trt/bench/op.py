@@ -7,7 +7,8 @@ schema is the same), CRISP rows time the reference pipeline. routing_ms = estima
 (the reference pipeline without its attend step on CPU; on CUDA `kernels.pipeline.routing_only`).
 recall = dense attention mass inside the attended blocks on sampled query rows (bench.recall): on CUDA
 of the kernels' own Plan at every length, on the CPU of the reference selection up to `recall_max_n`.
-Workloads: "synthetic" (SyntheticSpec fitted to SmolLM2, workloads/README.md), "synthetic_plain" (the
+Workloads: "synthetic" (SyntheticSpec fitted to SmolLM2, workloads/README.md), "synthetic_classes" (one
+spec per class of SmolLM2 layers, one class per kv head: workloads/mixture.py), "synthetic_plain" (the
 hand-set SyntheticSpec() defaults), "real" (SmolLM2 Q/K/V of real text, <= 8k); synthetic inputs are
 generated on the benchmark's device.
 """
@@ -25,7 +26,8 @@ from .. import reference
 from ..api import crisp_prefill_attention, dense_prefill_attention
 from ..config import CrispConfig, method_config
 from ..workloads.fit import fitted_spec
-from ..workloads.synthetic import SyntheticSpec, synthetic_qkv
+from ..workloads.mixture import fitted_classes, workload_qkv
+from ..workloads.synthetic import SyntheticSpec
 from .recall import plan_from_masks, plan_recall
 
 ROW_KEYS = ("n", "method", "workload", "ms", "speedup_vs_cudnn", "density", "routing_ms", "routing_share",
@@ -34,7 +36,8 @@ DENSE = ("dense_cudnn", "dense_fa2")
 SPARSE = ("crisp", "flexprefill", "crisp_gamma", "crisp_jsd")
 METHODS = DENSE + SPARSE
 SHAPES = {"llama3_8b": (32, 8, 128), "smollm2": (9, 3, 64)}
-SYNTHETIC = {"synthetic": fitted_spec, "synthetic_plain": SyntheticSpec}  # fitted to SmolLM2 / hand-set
+SYNTHETIC = {"synthetic": fitted_spec, "synthetic_classes": fitted_classes,  # fitted to SmolLM2
+             "synthetic_plain": SyntheticSpec}  # hand-set
 
 
 def gpu_name(device) -> str:
@@ -107,6 +110,9 @@ def run_op(lengths=(512, 1024), shapes=("smollm2",), methods=METHODS, workloads=
     """Benchmark rows (list of dicts with ROW_KEYS), in (workload, shape, n) order. Dense timings are
     measured once per (shape, n) and shared by the workloads (they do not depend on the values); a
     method that raises is reported on stderr and skipped; on_rows(rows) is called after every input."""
+    unknown = [w for w in workloads if w != "real" and w not in SYNTHETIC]
+    if unknown:
+        raise ValueError(f"workloads={unknown}: expected some of {['real', *SYNTHETIC]}")
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     base = base or CrispConfig()
     rows, dense_ms = [], {}
@@ -163,7 +169,7 @@ def _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gp
 def _synthetic(workload, shape, n, spec, device, dtype):
     heads, kv, d = SHAPES[shape]
     spec = spec or SYNTHETIC[workload]()
-    return f"{workload}_{shape}", synthetic_qkv(n, heads, kv, d, spec=spec, seed=n, device=device, dtype=dtype)
+    return f"{workload}_{shape}", workload_qkv(spec, n, heads, kv, d, seed=n, device=device, dtype=dtype)
 
 
 class _RealSource:

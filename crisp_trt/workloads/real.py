@@ -40,15 +40,18 @@ def held_out_text() -> str:
     return real_text(held_out=True)
 
 
-def text_ids(tok, n: int, held_out: bool = False) -> torch.Tensor:
-    """n token ids of real text (repeated if the source is shorter), shape [1, n]."""
+def text_ids(tok, n: int, held_out: bool = False, offset: int = 0) -> torch.Tensor:
+    """n token ids of real text from token `offset` on (the source repeated as needed), shape [1, n]."""
     ids = tok(real_text(held_out=held_out), return_tensors="pt").input_ids[0]
-    reps = -(-n // ids.numel())
-    return ids.repeat(reps)[:n][None]
+    if offset < 0:
+        raise ValueError(f"offset={offset}: expected a token index >= 0")
+    reps = -(-(offset + n) // ids.numel())
+    return ids.repeat(reps)[offset: offset + n][None]
 
 
-def capture_qkv(n: int, layers=None, model=None, tok=None, held_out: bool = False):
-    """{layer: (q, k, v)} with q [1, n, H, d], k/v [1, n, H_kv, d] (post-RoPE, float32, CPU)."""
+def capture_qkv(n: int, layers=None, model=None, tok=None, held_out: bool = False, offset: int = 0):
+    """{layer: (q, k, v)} with q [1, n, H, d], k/v [1, n, H_kv, d] (post-RoPE, float32, CPU), of the text
+    from token `offset` on (text_ids)."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -72,7 +75,7 @@ def capture_qkv(n: int, layers=None, model=None, tok=None, held_out: bool = Fals
     set_attn_implementation(model, "crisp_capture")
     try:
         with torch.no_grad():
-            model(text_ids(tok, n, held_out).to(model.device))
+            model(text_ids(tok, n, held_out, offset).to(model.device))
     finally:
         set_attn_implementation(model, before)
     return grabbed
