@@ -147,3 +147,14 @@ def test_divergence_position_and_gap():
     got = divergence(dense, [1, 2, 2])
     assert got["diverge_at"] == 1 and abs(got["dense_gap"] - 0.5) < 1e-6
     assert divergence(dense, [2, 0, 2]) == {"diverge_at": 0, "dense_gap": 2.0}
+
+
+def test_op_workloads_are_checked_and_classes_run(tmp_path):
+    """An unknown workload is refused by name; the layer-class workload runs through the op bench."""
+    with pytest.raises(ValueError, match=r"workloads=\['bogus'\]"):
+        op.run_op(lengths=(256,), workloads=("synthetic", "bogus"))
+    base = CrispConfig(block_size=64, dense_below=0, min_budget=64)
+    rows = op.run_op(lengths=(256,), methods=("dense_cudnn", "crisp"), workloads=("synthetic_classes",), repeats=1,
+                     base=base)
+    assert [r["workload"] for r in rows] == ["synthetic_classes_smollm2"] * 2
+    assert rows[1]["method"] == "crisp" and 0 < rows[1]["density"] <= 1 and rows[1]["rel_error"] < 1e-3

@@ -196,6 +196,14 @@ def test_mixture_heads_are_their_class_workload():
         mixture_qkv(256, 5, 3, 64, classes=_TWO)
 
 
+def test_mixture_refuses_lengths_past_its_checked_knots():
+    knots = (SyntheticSpec(ref_n=1024), SyntheticSpec(ref_n=4096))
+    classes = (LayerClass("a", 1, knots), LayerClass("b", 1, knots[:1]))
+    assert mixture_qkv(1024, 2, 2, 64, classes=classes)[0].shape == (1, 1024, 2, 64)
+    with pytest.raises(ValueError, match=r"n=2048: expected <= 1024"):
+        mixture_qkv(2048, 2, 2, 64, classes=classes)
+
+
 def test_stored_classes_are_within_tolerance_and_reproduce_1k():
     """The shipped layer classes: the stored check meets the tolerance at every measured length and at the
     law's goals, and a fresh synthetic measurement at 1k still matches each class's real statistics."""

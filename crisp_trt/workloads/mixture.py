@@ -40,7 +40,8 @@ class LayerClass:
     knots: tuple[SyntheticSpec, ...]  # nominal specs at increasing ref_n, slopes zero
 
     def spec_at(self, n: int) -> SyntheticSpec:
-        """The spec at length n: linear in log2 n between the two knots around n (the end segment beyond)."""
+        """The spec at length n: linear in log2 n between the two knots around n (the end segment beyond;
+        mixture_qkv refuses lengths past the last knot, where the fit was not checked)."""
         knots = self.knots
         if len(knots) == 1:
             return replace(knots[0], ref_n=n)
@@ -77,6 +78,10 @@ def mixture_qkv(n: int, heads: int, kv_heads: int, head_dim: int, *, classes: tu
     kv_assignment(classes, kv_heads)[h]; seeds differ per kv head. Same shapes and dtype as synthetic_qkv."""
     if heads % kv_heads:
         raise ValueError(f"heads={heads}: expected a multiple of kv_heads={kv_heads}")
+    checked = min(c.knots[-1].ref_n for c in classes)
+    if n > checked:
+        raise ValueError(f"n={n}: expected <= {checked}, the longest length every class's fit was checked at "
+                         "(fitted_smollm2_classes.json); refit with a longer validate length to go further")
     group = heads // kv_heads
     parts = [synthetic_qkv(n, group, 1, head_dim, spec=classes[c].spec_at(n), seed=seed * 1009 + h, dtype=dtype,
                            device=device, batch=batch) for h, c in enumerate(kv_assignment(classes, kv_heads))]
