@@ -22,7 +22,9 @@ target (fixed-point iteration in share space), and `fit_length_law` does it for 
 1k-8k and the law's values at 32k and 128k (near_share: its own line, `near_law`), then fits the line
 through those nominal specs (decay included): the shipped
 spec, whose synthetic statistics follow SmolLM2 to 8k and the law beyond (checked again at 512k). Run
-`python -m crisp_trt.workloads.fit` to re-measure SmolLM2 and rewrite fitted_smollm2.json.
+`python -m crisp_trt.workloads.fit` to re-measure SmolLM2 and rewrite fitted_smollm2.json. `fit_knots`
+keeps the nominal specs themselves (mixture.py's layer classes interpolate between them instead of
+drawing one line through them).
 """
 from __future__ import annotations
 
