@@ -31,7 +31,8 @@ class Generation:
 
 
 class CrispModel:
-    """An HF causal LM with CRISP prefill (attention="crisp") or dense SDPA (attention="dense")."""
+    """An HF causal LM with CRISP prefill (attention="crisp"), dense SDPA (attention="dense") or dense through
+    HF's eager kernels (attention="eager": the same maths as SDPA with other rounding, the benches' control)."""
 
     def __init__(self, model, tokenizer, crisp: dict, attention: str = "crisp"):
         from .hf import set_crisp_config
@@ -42,11 +43,12 @@ class CrispModel:
         self.set_attention(attention)
 
     def set_attention(self, attention: str) -> None:
-        if attention not in ("crisp", "dense"):
-            raise ValueError(f"attention={attention!r}: expected 'crisp' or 'dense'")
+        implementation = {"crisp": "crisp", "dense": "sdpa", "eager": "eager"}.get(attention)
+        if implementation is None:
+            raise ValueError(f"attention={attention!r}: expected 'crisp', 'dense' or 'eager'")
         from .models import set_attn_implementation
 
-        set_attn_implementation(self.model, "crisp" if attention == "crisp" else "sdpa")
+        set_attn_implementation(self.model, implementation)
         self.attention = attention
 
     @property

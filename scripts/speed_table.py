@@ -30,7 +30,10 @@ from crisp_trt.workloads.mixture import workload_qkv
 from crisp_trt.workloads.synthetic import synthetic_qkv
 
 H, HKV, D = 32, 8, 128
-SPEC = SYNTHETIC[os.environ.get("WORKLOAD", "synthetic")]()
+WORKLOAD = os.environ.get("WORKLOAD", "synthetic")
+if WORKLOAD not in SYNTHETIC:
+    sys.exit(f"WORKLOAD={WORKLOAD!r}: expected one of {sorted(SYNTHETIC)}")
+SPEC = SYNTHETIC[WORKLOAD]()
 
 
 def rel(a, b):
@@ -112,7 +115,7 @@ def main():
     dev = "cuda"
     lengths = [int(x) for x in (sys.argv[1:] or ["8192", "32768", "131072", "524288"])]
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "workload": os.environ.get("WORKLOAD", "synthetic"), "rows": []}
+           "workload": WORKLOAD, "rows": []}
     try:
         res["graph"] = graph_capture(dev)
     except Exception as e:  # reported, not hidden

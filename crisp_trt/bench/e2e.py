@@ -72,7 +72,6 @@ def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "ben
     retrieved_dense / retrieved_crisp, and diverge_at / dense_gap where the tokens differ; with `control`,
     identical_control: HF eager dense against SDPA dense). Writes e2e.json (+ e2e.png)."""
     from crisp_trt import runtime
-    from crisp_trt.models import set_attn_implementation
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device == "cuda" else None
@@ -102,7 +101,7 @@ def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "ben
                       **{f"retrieved_{att}": all(w in text[att] for w in expected[:2]) for att in text},
                       **(divergence(runs["dense"], runs["crisp"][0]) or {})}
             if control:
-                set_attn_implementation(model.model, "eager")
+                model.set_attention("eager")
                 eager = greedy(model.model, tids, new_tokens, model.tokenizer.eos_token_id)[0]
                 record["identical_control"] = model.tokenizer.decode(eager, skip_special_tokens=True) == text["dense"]
             prompts.append(record)
