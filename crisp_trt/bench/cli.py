@@ -56,6 +56,29 @@ def cmd_op(args):
     print(path)
 
 
+def cmd_frontier(args):
+    import torch
+
+    from . import frontier
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    lengths = _lens(args.lengths)
+    sweeps = {"crisp": args.crisp, "flexprefill": args.flexprefill}
+    grids = sum(len(frontier.parse_sweep(s)) for s in sweeps.values())
+    with _bar(len(lengths) * grids, "frontier") as bar:
+        points = frontier.run_frontier(lengths=lengths, shape=args.shape, workload=args.workload, sweeps=sweeps,
+                                       repeats=args.repeats, device=device, base=_config(args), progress=bar,
+                                       recall_max_n=args.recall_max_n,
+                                       on_points=lambda done: frontier.write_results(done, args.out, plots=False))
+    path = frontier.write_results(points, args.out, max_error=args.max_error, plots=not args.no_plots)
+    for p in points:
+        print(f"n={p['n']:>8} {p['method']:>12} {frontier.knob_label(p['knobs']):<32} x{p['speedup_vs_cudnn']:6.2f}"
+              f"  dens {p['density']:.3f}  err {p['rel_error']:.4f}  recall {p['recall'] if p['recall'] is None else round(p['recall'], 4)}")
+    for c in frontier.compare(points):
+        print(f"n={c['n']:>8} crisp at least as fast as every flexprefill point at no more error: {c['dominates']}")
+    print(path)
+
+
 def cmd_accuracy(args):
     from . import accuracy
 
@@ -81,6 +104,12 @@ def cmd_e2e(args):
     return e2e.main_from_args(args)
 
 
+def frontier_sweeps() -> dict:
+    from .frontier import SWEEPS
+
+    return SWEEPS
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="crisp-bench", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -95,6 +124,21 @@ def main(argv=None):
     o.add_argument("--repeats", type=int, default=5)
     o.add_argument("--recall-max-n", type=int, default=16384, help="longest n whose recall is measured")
     o.set_defaults(fn=cmd_op)
+    f = sub.add_parser("frontier", help="speedup-vs-error curves: CRISP and FlexPrefill-mode budget sweeps vs cuDNN",
+                       description="Sweeps each method's budget knobs on one synthetic input per length and times every "
+                                   "point against cuDNN in the same run; says per length whether CRISP is at least as "
+                                   "fast as each FlexPrefill-mode point at no more error. JSON + PNG.")
+    f.add_argument("--lengths", default="32k,128k", help="comma list, e.g. 32k,128k,512k")
+    f.add_argument("--shape", default="llama3_8b", help="llama3_8b (32/8, d=128) or smollm2 (9/3, d=64)")
+    f.add_argument("--workload", default="synthetic_classes", help="synthetic, synthetic_classes or synthetic_plain")
+    f.add_argument("--crisp", default=frontier_sweeps()["crisp"],
+                   help="CRISP grid over CrispConfig knobs: knob=v1,v2;knob2=... (default: %(default)s)")
+    f.add_argument("--flexprefill", default=frontier_sweeps()["flexprefill"],
+                   help="FlexPrefill-mode grid, same syntax (default: %(default)s)")
+    f.add_argument("--max-error", type=float, default=0.02, help="error bound of the best-point summary")
+    f.add_argument("--repeats", type=int, default=5)
+    f.add_argument("--recall-max-n", type=int, default=16384, help="longest n whose recall is measured on the CPU")
+    f.set_defaults(fn=cmd_frontier)
     a = sub.add_parser("accuracy", help="real-model induction retrieval, log-likelihood, KL, perplexity")
     a.add_argument("--lengths", default="2k,4k,8k")
     a.add_argument("--depths", default="0,0.25,0.5,0.75,1")
@@ -104,6 +148,7 @@ def main(argv=None):
     a.set_defaults(fn=cmd_accuracy)
     for s in (o, a):
         s.add_argument("--model", default=None, help="real model: GGUF file or HF directory (default: bundled SmolLM2)")
+    for s in (o, a, f):
         s.add_argument("--device", default=None)
         s.add_argument("--config", help="JSON CrispConfig (CrispConfig.to_dict()) as the base config")
         s.add_argument("--out", default="bench/results")

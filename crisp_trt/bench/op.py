@@ -122,7 +122,7 @@ def run_op(lengths=(512, 1024), shapes=("smollm2",), methods=METHODS, workloads=
         for shape in shapes:
             for n in lengths:
                 inputs = real(n, device, dtype) if workload == "real" else \
-                    [_synthetic(workload, shape, n, spec, device, dtype)]
+                    [synthetic_input(workload, shape, n, spec, device, dtype)]
                 for wname, (q, k, v) in inputs:
                     group = _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gpu,
                                      dense_ms.setdefault((shape if workload != "real" else wname, n), {}),
@@ -147,15 +147,9 @@ def _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gp
                 group.append(dict(n=n, method=method, workload=wname, ms=dense_ms[method], density=1.0,
                                   routing_ms=0.0, routing_share=0.0, rel_error=0.0, recall=1.0, gpu=gpu))
             else:
-                cfg = method_config(method, base)
-                ms = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), repeats, device)
-                out, st = crisp_prefill_attention(q, k, v, config=cfg, return_stats=True)
-                rel = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
-                routing_ms = _routing_ms(q, k, cfg, repeats, device)
-                group.append(dict(n=n, method=method, workload=wname, ms=ms, density=st.mean_density,
-                                  routing_ms=routing_ms,
-                                  routing_share=None if routing_ms is None else routing_ms / ms,
-                                  rel_error=rel, recall=method_recall(q, k, cfg, recall_max_n), gpu=gpu))
+                group.append(dict(n=n, method=method, workload=wname, gpu=gpu,
+                                  **sparse_numbers(q, k, v, method_config(method, base), ref, repeats, device,
+                                                   recall_max_n)))
         except Exception as exc:  # one broken method must not cost the other rows
             print(f"crisp-bench op: {wname} n={n} {method} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         if progress is not None:
@@ -166,7 +160,20 @@ def _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gp
     return group
 
 
-def _synthetic(workload, shape, n, spec, device, dtype):
+def sparse_numbers(q, k, v, cfg: CrispConfig, ref, repeats, device, recall_max_n, routing=True) -> dict:
+    """One sparse config on q, k, v [1, n, H, d]: ms, density, routing ms and share (unless routing=False),
+    rel. error against `ref` (dense output, fp32) and recall."""
+    ms = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), repeats, device)
+    out, st = crisp_prefill_attention(q, k, v, config=cfg, return_stats=True)
+    routing_ms = _routing_ms(q, k, cfg, repeats, device) if routing else None
+    return dict(ms=ms, density=st.mean_density, routing_ms=routing_ms,
+                routing_share=None if routing_ms is None else routing_ms / ms,
+                rel_error=float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)),
+                recall=method_recall(q, k, cfg, recall_max_n))
+
+
+def synthetic_input(workload, shape, n, spec, device, dtype):
+    """(name, (q, k, v)) of a synthetic workload at one shape and length, seeded by n."""
     heads, kv, d = SHAPES[shape]
     spec = spec or SYNTHETIC[workload]()
     return f"{workload}_{shape}", workload_qkv(spec, n, heads, kv, d, seed=n, device=device, dtype=dtype)

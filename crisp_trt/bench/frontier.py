@@ -1,0 +1,170 @@
+"""`crisp-bench frontier`: speedup-vs-error curves of CRISP and FlexPrefill-mode on the same inputs.
+
+One default config per method gives one (speedup, error) point each, which cannot say whether CRISP is
+faster than FlexPrefill-mode *at equal or lower error* (issue 3). Here each method sweeps a grid of its
+budget knobs — CRISP `max_budget` (the cap that sets its density at long n), FlexPrefill-mode `gamma`
+with and without that cap — and every point is timed against cuDNN in the same run, on the same input.
+`compare` answers the question per length: for each FlexPrefill-mode point, CRISP's fastest point at no
+more error, and whether it is faster. Writes bench/results/frontier_latest.json and frontier.png.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import torch
+
+from ..api import dense_prefill_attention
+from ..config import CrispConfig, method_config
+from ..lengths import parse_length
+from .op import DENSE, SHAPES, SYNTHETIC, dense_fn, gpu_name, median_ms, sparse_numbers, synthetic_input
+
+SWEEPS = {"crisp": "max_budget=16k,32k,64k,128k", "flexprefill": "gamma=0.9,0.95,0.98,0.99;max_budget=16k,1M"}
+POINT_KEYS = ("n", "method", "knobs", "workload", "ms", "speedup_vs_cudnn", "density", "rel_error", "recall",
+              "cudnn_ms", "gpu")
+_INT_KNOBS = {f for f in CrispConfig.__dataclass_fields__ if isinstance(getattr(CrispConfig(), f), int)}
+
+
+def parse_sweep(text: str) -> list[dict]:
+    """'gamma=0.9,0.95;max_budget=16k,1M' → the grid of knob settings (a list of dicts, cartesian product).
+    Int knobs take lengths (16k, 1M); the others numbers. Names are checked against CrispConfig."""
+    axes = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, values = part.partition("=")
+        name = name.strip()
+        if not sep or not values.strip():
+            raise ValueError(f"sweep {part!r}: expected knob=v1,v2,... (e.g. max_budget=16k,32k)")
+        if name not in CrispConfig.__dataclass_fields__:
+            raise ValueError(f"sweep knob {name!r}: expected a CrispConfig field, one of "
+                             f"{sorted(CrispConfig.__dataclass_fields__)}")
+        cast = parse_length if name in _INT_KNOBS else float
+        axes.append([(name, cast(v.strip())) for v in values.split(",") if v.strip()])
+    if not axes:
+        raise ValueError(f"sweep {text!r}: expected at least one knob=v1,v2,...")
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def sweep_configs(method: str, grid: list[dict], n: int, base: CrispConfig | None = None) -> list[tuple[dict, CrispConfig]]:
+    """(knobs, config) of a method's grid at length n; settings that select the same as an earlier one at
+    this n (a max_budget at or past n) are dropped, so a cap that cannot bind is measured once."""
+    out, seen = [], set()
+    for knobs in grid:
+        cfg = method_config(method, base).replace(**knobs)
+        key = cfg.replace(max_budget=min(cfg.max_budget, max(n, cfg.min_budget)))
+        if key not in seen:
+            seen.add(key)
+            out.append((knobs, cfg))
+    return out
+
+
+def run_frontier(lengths=(2048,), shape="smollm2", workload="synthetic", sweeps=None, repeats=5, device="cpu",
+                 dtype=None, base: CrispConfig | None = None, recall_max_n: int = 16384, progress=None,
+                 on_points=None) -> list[dict]:
+    """Points (dicts with POINT_KEYS) of every method's sweep at every length, cuDNN timed in the same run."""
+    if workload not in SYNTHETIC:
+        raise ValueError(f"workload={workload!r}: expected one of {sorted(SYNTHETIC)}")
+    if shape not in SHAPES:
+        raise ValueError(f"shape={shape!r}: expected one of {sorted(SHAPES)}")
+    grids = {m: parse_sweep(s) for m, s in (sweeps or SWEEPS).items()}
+    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    gpu, points = gpu_name(device), []
+    for n in lengths:
+        wname, (q, k, v) = synthetic_input(workload, shape, n, None, device, dtype)
+        ref = dense_prefill_attention(q, k, v).float()
+        cudnn_ms = median_ms(dense_fn(DENSE[0], q, k, v), repeats, device)
+        for method, grid in grids.items():
+            for knobs, cfg in sweep_configs(method, grid, n, base):
+                row = sparse_numbers(q, k, v, cfg, ref, repeats, device, recall_max_n, routing=False)
+                row.update(n=n, method=method, knobs=knobs, workload=wname, cudnn_ms=cudnn_ms, gpu=gpu,
+                           speedup_vs_cudnn=cudnn_ms / row["ms"])
+                points.append({key: row[key] for key in POINT_KEYS})
+                if progress is not None:
+                    progress.update(1)
+                if on_points is not None:
+                    on_points(points)
+        del q, k, v, ref
+    return points
+
+
+def compare(points: list[dict], fast: str = "crisp", other: str = "flexprefill") -> list[dict]:
+    """Per length and per `other` point: `fast`'s quickest point with error ≤ that point's error, and
+    whether it is at least as fast. `dominates` per length: every `other` point is matched so."""
+    out = []
+    for n in sorted({p["n"] for p in points}):
+        mine = [p for p in points if p["n"] == n and p["method"] == fast]
+        theirs = sorted((p for p in points if p["n"] == n and p["method"] == other), key=lambda p: p["rel_error"])
+        cells = []
+        for p in theirs:
+            ok = [c for c in mine if c["rel_error"] <= p["rel_error"]]
+            best = max(ok, key=lambda c: c["speedup_vs_cudnn"]) if ok else None
+            cells.append({"other_knobs": p["knobs"], "other_error": p["rel_error"], "other_speedup": p["speedup_vs_cudnn"],
+                          "best_knobs": best and best["knobs"], "best_error": best and best["rel_error"],
+                          "best_speedup": best and best["speedup_vs_cudnn"],
+                          "faster": bool(best and best["speedup_vs_cudnn"] >= p["speedup_vs_cudnn"])})
+        out.append({"n": n, "fast": fast, "other": other, "points": cells,
+                    "dominates": bool(cells) and all(c["faster"] for c in cells)})
+    return out
+
+
+def best_within(points: list[dict], max_error: float) -> list[dict]:
+    """Per length and method: the fastest point whose error is ≤ max_error (None when no point reaches it)."""
+    out = []
+    for n, method in sorted({(p["n"], p["method"]) for p in points}):
+        ok = [p for p in points if p["n"] == n and p["method"] == method and p["rel_error"] <= max_error]
+        best = max(ok, key=lambda p: p["speedup_vs_cudnn"]) if ok else None
+        out.append({"n": n, "method": method, "max_error": max_error, "knobs": best and best["knobs"],
+                    "speedup_vs_cudnn": best and best["speedup_vs_cudnn"], "density": best and best["density"],
+                    "rel_error": best and best["rel_error"]})
+    return out
+
+
+def write_results(points, out_dir="bench/results", max_error=0.02, plots=True) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "frontier_latest.json")
+    with open(path, "w") as f:
+        json.dump({"points": points, "compare": compare(points), "best_within": best_within(points, max_error)},
+                  f, indent=1)
+    if plots and points:
+        plot(points, os.path.join(out_dir, "frontier.png"), max_error)
+    return path
+
+
+def knob_label(knobs: dict) -> str:
+    """{'max_budget': 1048576, 'gamma': 0.9} → 'max_budget=1M gamma=0.9' (lengths as users type them)."""
+    def show(v):
+        for unit, size in (("M", 1 << 20), ("k", 1 << 10)):
+            if isinstance(v, int) and v >= size and v % size == 0:
+                return f"{v // size}{unit}"
+        return f"{v:g}"
+    return " ".join(f"{k}={show(v)}" for k, v in knobs.items())
+
+
+def plot(points, path, max_error=0.02):
+    """One panel per length: speedup vs cuDNN against rel. error, a line per method (in density order)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({p["n"] for p in points})
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 4), squeeze=False)
+    for ax, n in zip(axes[0], lengths):
+        for method in sorted({p["method"] for p in points}):
+            pts = sorted((p for p in points if p["n"] == n and p["method"] == method), key=lambda p: p["density"])
+            if not pts:
+                continue
+            ax.plot([p["rel_error"] for p in pts], [p["speedup_vs_cudnn"] for p in pts], marker="o", label=method)
+            for p in pts:
+                ax.annotate(knob_label(p["knobs"]), (p["rel_error"], p["speedup_vs_cudnn"]), fontsize=5)
+        ax.axvline(max_error, color="grey", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"n = {n // 1024}k" if n >= 1024 else f"n = {n}")
+        ax.set_xlabel("output rel. error vs dense")
+        ax.set_ylabel("speedup vs cuDNN")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

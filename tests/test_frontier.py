@@ -1,0 +1,78 @@
+"""crisp-bench frontier: sweep grammar, the dedupe of caps that cannot bind, the equal-error comparison,
+and a CPU run whose default-config point equals the op bench's crisp row on the same input."""
+import json
+
+import pytest
+
+from crisp_trt import CrispConfig
+from crisp_trt.bench import frontier, op
+from crisp_trt.bench.cli import main
+
+
+def test_parse_sweep_grid_lengths_and_errors():
+    grid = frontier.parse_sweep("gamma=0.9,0.99; max_budget=16k,1M")
+    assert grid == [{"gamma": 0.9, "max_budget": 16384}, {"gamma": 0.9, "max_budget": 1 << 20},
+                    {"gamma": 0.99, "max_budget": 16384}, {"gamma": 0.99, "max_budget": 1 << 20}]
+    assert all(isinstance(g["max_budget"], int) and isinstance(g["gamma"], float) for g in grid)
+    with pytest.raises(ValueError, match="sweep knob 'budgetx'"):
+        frontier.parse_sweep("budgetx=1,2")
+    with pytest.raises(ValueError, match=r"expected knob=v1,v2"):
+        frontier.parse_sweep("max_budget")
+    with pytest.raises(ValueError, match="expected at least one"):
+        frontier.parse_sweep(" ; ")
+    with pytest.raises(ValueError, match="expected a length"):
+        frontier.parse_sweep("max_budget=lots")
+
+
+def test_caps_past_n_are_measured_once():
+    grid = frontier.parse_sweep("max_budget=1k,4k,8k,1M")
+    kept = frontier.sweep_configs("crisp", grid, 4096)
+    assert [knobs["max_budget"] for knobs, _ in kept] == [1024, 4096]
+    assert all(cfg.routing == "struct" for _, cfg in kept)
+    fp = frontier.sweep_configs("flexprefill", frontier.parse_sweep("gamma=0.9,0.95"), 4096)
+    assert [cfg.gamma for _, cfg in fp] == [0.9, 0.95] and all(cfg.routing == "jsd" for _, cfg in fp)
+
+
+def _pt(method, err, speed, n=1024, **knobs):
+    return {"n": n, "method": method, "knobs": knobs, "rel_error": err, "speedup_vs_cudnn": speed, "density": 0.5}
+
+
+def test_compare_and_best_within():
+    pts = [_pt("crisp", 0.01, 2.0, b=1), _pt("crisp", 0.05, 4.0, b=2),
+           _pt("flexprefill", 0.06, 3.0, g=1), _pt("flexprefill", 0.02, 2.5, g=2),
+           _pt("crisp", 0.01, 1.0, n=2048), _pt("flexprefill", 0.005, 1.5, n=2048)]
+    c1, c2 = frontier.compare(pts)
+    # 1k: at flexprefill's 2 % CRISP's best is 2.0× (< 2.5×); at its 6 % CRISP has 4.0× → not dominated
+    assert [(c["other_error"], c["best_speedup"], c["faster"]) for c in c1["points"]] == \
+        [(0.02, 2.0, False), (0.06, 4.0, True)]
+    assert c1["dominates"] is False
+    # 2k: CRISP never reaches flexprefill's 0.5 %, so there is no CRISP point to compare
+    assert c2["points"][0]["best_speedup"] is None and c2["dominates"] is False
+    assert frontier.compare([p for p in pts if p["knobs"] != {"g": 2} and p["n"] == 1024])[0]["dominates"] is True
+    best = {(b["n"], b["method"]): b for b in frontier.best_within(pts, 0.02)}
+    assert best[(1024, "crisp")]["speedup_vs_cudnn"] == 2.0 and best[(1024, "flexprefill")]["knobs"] == {"g": 2}
+    assert best[(2048, "flexprefill")]["speedup_vs_cudnn"] == 1.5
+
+
+def test_frontier_cli_cpu_matches_op_bench(tmp_path, capsys):
+    """Tiny CPU run: schema, finite errors, and the point with the default cap equals the op bench's crisp
+    row on the same input (both seed the workload by n)."""
+    base = CrispConfig(block_size=64, dense_below=0, min_budget=64)
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(base.to_dict()))
+    main(["frontier", "--lengths", "512", "--shape", "smollm2", "--workload", "synthetic_classes", "--crisp",
+          "max_budget=64,16k", "--flexprefill", "gamma=0.9,0.99;max_budget=1M", "--repeats", "1", "--device", "cpu",
+          "--config", str(cfg), "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "frontier_latest.json").read_text())
+    pts = res["points"]
+    assert [(p["method"], p["knobs"]) for p in pts] == [
+        ("crisp", {"max_budget": 64}), ("crisp", {"max_budget": 16384}),
+        ("flexprefill", {"gamma": 0.9, "max_budget": 1 << 20}), ("flexprefill", {"gamma": 0.99, "max_budget": 1 << 20})]
+    for p in pts:
+        assert tuple(p) == frontier.POINT_KEYS
+        assert 0 < p["density"] <= 1 and 0 <= p["rel_error"] < 1 and 0 <= p["recall"] <= 1 + 1e-6
+    assert pts[0]["density"] < pts[1]["density"]  # a one-block cap keeps fewer blocks than no cap
+    row = op.run_op(lengths=(512,), methods=("crisp",), workloads=("synthetic_classes",), repeats=1, base=base)[0]
+    assert pts[1]["density"] == pytest.approx(row["density"]) and pts[1]["rel_error"] == pytest.approx(row["rel_error"])
+    assert len(res["compare"]) == 1 and (tmp_path / "frontier.png").exists()
+    assert "crisp at least as fast" in capsys.readouterr().out
