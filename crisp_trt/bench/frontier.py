@@ -20,7 +20,7 @@ from ..config import CrispConfig, method_config
 from ..lengths import parse_length
 from .op import DENSE, SHAPES, SYNTHETIC, dense_fn, gpu_name, median_ms, sparse_numbers, synthetic_input
 
-SWEEPS = {"crisp": "max_budget=16k,32k,64k,128k", "flexprefill": "gamma=0.9,0.95,0.98,0.99;max_budget=16k,1M"}
+SWEEPS = {"crisp": "max_budget=4k,8k,16k,32k,64k,128k", "flexprefill": "gamma=0.9,0.95,0.98,0.99;max_budget=16k,1M"}
 POINT_KEYS = ("n", "method", "knobs", "workload", "ms", "speedup_vs_cudnn", "density", "rel_error", "recall",
               "cudnn_ms", "gpu")
 _INT_KNOBS = {f for f in CrispConfig.__dataclass_fields__ if isinstance(getattr(CrispConfig(), f), int)}
