@@ -1,6 +1,7 @@
 """crisp-bench frontier: sweep grammar, the dedupe of caps that cannot bind, the equal-error comparison,
 and a CPU run whose default-config point equals the op bench's crisp row on the same input."""
 import json
+import math
 
 import pytest
 
@@ -49,9 +50,20 @@ def test_compare_and_best_within():
     # 2k: CRISP never reaches flexprefill's 0.5 %, so there is no CRISP point to compare
     assert c2["points"][0]["best_speedup"] is None and c2["dominates"] is False
     assert frontier.compare([p for p in pts if p["knobs"] != {"g": 2} and p["n"] == 1024])[0]["dominates"] is True
+    # at equal error on CRISP's front (1 %, 2.0×) – (5 %, 4.0×), log-log: 2 · 2^(ln 2 / ln 5) ≈ 2.70× at 2 %
+    assert c1["points"][0]["speedup_at_equal_error"] == pytest.approx(2 * 2 ** (math.log(2) / math.log(5)))
+    assert c1["points"][1]["speedup_at_equal_error"] is None  # 6 % lies past CRISP's measured range
     best = {(b["n"], b["method"]): b for b in frontier.best_within(pts, 0.02)}
     assert best[(1024, "crisp")]["speedup_vs_cudnn"] == 2.0 and best[(1024, "flexprefill")]["knobs"] == {"g": 2}
     assert best[(2048, "flexprefill")]["speedup_vs_cudnn"] == 1.5
+
+
+def test_pareto_drops_beaten_points():
+    pts = [_pt("crisp", 0.01, 1.0), _pt("crisp", 0.02, 0.9), _pt("crisp", 0.03, 3.0), _pt("crisp", 0.03, 2.0)]
+    assert [(p["rel_error"], p["speedup_vs_cudnn"]) for p in frontier.pareto(pts)] == [(0.01, 1.0), (0.03, 3.0)]
+    front = frontier.pareto(pts)
+    assert frontier.speedup_at(front, 0.01) == 1.0 and frontier.speedup_at(front, 0.03) == pytest.approx(3.0)
+    assert frontier.speedup_at(front, 0.005) is None and frontier.speedup_at(front, 0.05) is None
 
 
 def test_frontier_cli_cpu_matches_op_bench(tmp_path, capsys):

@@ -75,6 +75,10 @@ def cmd_frontier(args):
         print(f"n={p['n']:>8} {p['method']:>12} {frontier.knob_label(p['knobs']):<32} x{p['speedup_vs_cudnn']:6.2f}"
               f"  dens {p['density']:.3f}  err {p['rel_error']:.4f}  recall {p['recall'] if p['recall'] is None else round(p['recall'], 4)}")
     for c in frontier.compare(points):
+        for x in c["points"]:
+            eq = x["speedup_at_equal_error"]
+            print(f"n={c['n']:>8} flexprefill {frontier.knob_label(x['other_knobs']):<26} err {x['other_error']:.4f} "
+                  f"x{x['other_speedup']:5.2f} | crisp at equal error x{'  n/a' if eq is None else f'{eq:5.2f}'}")
         print(f"n={c['n']:>8} crisp at least as fast as every flexprefill point at no more error: {c['dominates']}")
     print(path)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 
 import torch
@@ -20,7 +21,7 @@ from ..config import CrispConfig, method_config
 from ..lengths import parse_length
 from .op import DENSE, SHAPES, SYNTHETIC, dense_fn, gpu_name, median_ms, sparse_numbers, synthetic_input
 
-SWEEPS = {"crisp": "max_budget=4k,8k,16k,32k,64k,128k", "flexprefill": "gamma=0.9,0.95,0.98,0.99;max_budget=16k,1M"}
+SWEEPS = {"crisp": "max_budget=4k,8k,16k,32k,64k,128k,1M", "flexprefill": "gamma=0.9,0.95,0.98,0.99;max_budget=16k,1M"}
 POINT_KEYS = ("n", "method", "knobs", "workload", "ms", "speedup_vs_cudnn", "density", "rel_error", "recall",
               "cudnn_ms", "gpu")
 _INT_KNOBS = {f for f in CrispConfig.__dataclass_fields__ if isinstance(getattr(CrispConfig(), f), int)}
@@ -87,21 +88,45 @@ def run_frontier(lengths=(2048,), shape="smollm2", workload="synthetic", sweeps=
     return points
 
 
+def pareto(points: list[dict]) -> list[dict]:
+    """The points no other point beats on both speedup and error, in ascending error."""
+    front = []
+    for p in sorted(points, key=lambda p: (p["rel_error"], -p["speedup_vs_cudnn"])):
+        if not front or p["speedup_vs_cudnn"] > front[-1]["speedup_vs_cudnn"]:
+            front.append(p)
+    return front
+
+
+def speedup_at(front: list[dict], error: float) -> float | None:
+    """Speedup of a Pareto front at `error`, linear in log error and log speedup between its points;
+    None outside the front's error range (no extrapolation)."""
+    for a, b in zip(front, front[1:] + front[-1:]):
+        if a["rel_error"] <= error <= b["rel_error"]:
+            if b["rel_error"] <= a["rel_error"] or a["rel_error"] <= 0:
+                return b["speedup_vs_cudnn"] if error == b["rel_error"] else a["speedup_vs_cudnn"]
+            t = math.log(error / a["rel_error"]) / math.log(b["rel_error"] / a["rel_error"])
+            return math.exp((1 - t) * math.log(a["speedup_vs_cudnn"]) + t * math.log(b["speedup_vs_cudnn"]))
+    return None
+
+
 def compare(points: list[dict], fast: str = "crisp", other: str = "flexprefill") -> list[dict]:
-    """Per length and per `other` point: `fast`'s quickest point with error ≤ that point's error, and
-    whether it is at least as fast. `dominates` per length: every `other` point is matched so."""
+    """Per length and per `other` point: `fast`'s quickest measured point with error ≤ that point's error
+    and whether it is at least as fast (`faster`, the literal test), and `fast`'s speedup at exactly that
+    error on its Pareto front (`speedup_at_equal_error`, interpolated; None outside its measured range).
+    `dominates` per length: every `other` point is matched by the literal test."""
     out = []
     for n in sorted({p["n"] for p in points}):
         mine = [p for p in points if p["n"] == n and p["method"] == fast]
         theirs = sorted((p for p in points if p["n"] == n and p["method"] == other), key=lambda p: p["rel_error"])
-        cells = []
+        front, cells = pareto(mine), []
         for p in theirs:
             ok = [c for c in mine if c["rel_error"] <= p["rel_error"]]
             best = max(ok, key=lambda c: c["speedup_vs_cudnn"]) if ok else None
             cells.append({"other_knobs": p["knobs"], "other_error": p["rel_error"], "other_speedup": p["speedup_vs_cudnn"],
                           "best_knobs": best and best["knobs"], "best_error": best and best["rel_error"],
                           "best_speedup": best and best["speedup_vs_cudnn"],
-                          "faster": bool(best and best["speedup_vs_cudnn"] >= p["speedup_vs_cudnn"])})
+                          "faster": bool(best and best["speedup_vs_cudnn"] >= p["speedup_vs_cudnn"]),
+                          "speedup_at_equal_error": speedup_at(front, p["rel_error"])})
         out.append({"n": n, "fast": fast, "other": other, "points": cells,
                     "dominates": bool(cells) and all(c["faster"] for c in cells)})
     return out
@@ -141,25 +166,32 @@ def knob_label(knobs: dict) -> str:
 
 
 def plot(points, path, max_error=0.02):
-    """One panel per length: speedup vs cuDNN against rel. error, a line per method (in density order)."""
+    """One panel per length: speedup vs cuDNN against rel. error, every point, a line per method's Pareto front."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     lengths = sorted({p["n"] for p in points})
     fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 4), squeeze=False)
     for ax, n in zip(axes[0], lengths):
         for method in sorted({p["method"] for p in points}):
-            pts = sorted((p for p in points if p["n"] == n and p["method"] == method), key=lambda p: p["density"])
+            pts = [p for p in points if p["n"] == n and p["method"] == method]
             if not pts:
                 continue
-            ax.plot([p["rel_error"] for p in pts], [p["speedup_vs_cudnn"] for p in pts], marker="o", label=method)
+            front = pareto(pts)
+            line, = ax.plot([p["rel_error"] for p in front], [p["speedup_vs_cudnn"] for p in front], label=method)
+            ax.scatter([p["rel_error"] for p in pts], [p["speedup_vs_cudnn"] for p in pts], color=line.get_color(), s=14)
             for p in pts:
                 ax.annotate(knob_label(p["knobs"]), (p["rel_error"], p["speedup_vs_cudnn"]), fontsize=5)
         ax.axvline(max_error, color="grey", ls="--", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{100 * x:g} %"))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_minor_formatter(ticker.NullFormatter())
         ax.set_title(f"n = {n // 1024}k" if n >= 1024 else f"n = {n}")
         ax.set_xlabel("output rel. error vs dense")
         ax.set_ylabel("speedup vs cuDNN")
