@@ -5,7 +5,10 @@ faster than FlexPrefill-mode *at equal or lower error* (issue 3). Here each meth
 budget knobs — CRISP `max_budget` (the cap that sets its density at long n), FlexPrefill-mode `gamma`
 with and without that cap — and every point is timed against cuDNN in the same run, on the same input.
 `compare` answers the question per length: for each FlexPrefill-mode point, CRISP's fastest point at no
-more error, and whether it is faster. Writes bench/results/frontier_latest.json and frontier.png.
+more error, and whether it is faster. Every point also carries its plan's error on the last 1024 rows
+beside the same-budget oracle's there (the best blocks at the plan's per-row counts): where the oracle
+misses a target, no block selection of that density meets it, whatever the method.
+Writes bench/results/frontier_latest.json and frontier.png.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from .op import DENSE, SHAPES, SYNTHETIC, dense_fn, gpu_name, median_ms, sparse_
 
 SWEEPS = {"crisp": "max_budget=4k,8k,16k,32k,64k,128k,1M", "flexprefill": "gamma=0.9,0.95,0.98,0.99;max_budget=16k,1M"}
 POINT_KEYS = ("n", "method", "knobs", "workload", "ms", "speedup_vs_cudnn", "density", "rel_error", "recall",
-              "cudnn_ms", "gpu")
+              "last_rows_error", "oracle_error", "cudnn_ms", "gpu")
+ORACLE_ROWS = 1024
 _INT_KNOBS = {f for f in CrispConfig.__dataclass_fields__ if isinstance(getattr(CrispConfig(), f), int)}
 
 
@@ -76,7 +80,8 @@ def run_frontier(lengths=(2048,), shape="smollm2", workload="synthetic", sweeps=
         cudnn_ms = median_ms(dense_fn(DENSE[0], q, k, v), repeats, device)
         for method, grid in grids.items():
             for knobs, cfg in sweep_configs(method, grid, n, base):
-                row = sparse_numbers(q, k, v, cfg, ref, repeats, device, recall_max_n, routing=False)
+                row = sparse_numbers(q, k, v, cfg, ref, repeats, device, recall_max_n, routing=False,
+                                     oracle_rows=ORACLE_ROWS)
                 row.update(n=n, method=method, knobs=knobs, workload=wname, cudnn_ms=cudnn_ms, gpu=gpu,
                            speedup_vs_cudnn=cudnn_ms / row["ms"])
                 points.append({key: row[key] for key in POINT_KEYS})
@@ -166,7 +171,8 @@ def knob_label(knobs: dict) -> str:
 
 
 def plot(points, path, max_error=0.02):
-    """One panel per length: speedup vs cuDNN against rel. error, every point, a line per method's Pareto front."""
+    """One panel per length: speedup vs cuDNN against rel. error, every point, a line per method's Pareto front;
+    in grey CRISP's points again by their last-rows error and by the same-budget oracle's there."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,6 +191,13 @@ def plot(points, path, max_error=0.02):
             ax.scatter([p["rel_error"] for p in pts], [p["speedup_vs_cudnn"] for p in pts], color=line.get_color(), s=14)
             for p in pts:
                 ax.annotate(knob_label(p["knobs"]), (p["rel_error"], p["speedup_vs_cudnn"]), fontsize=5)
+        mine = [p for p in points if p["n"] == n and p["method"] == "crisp" and p.get("oracle_error") is not None]
+        for key, style, label in (("last_rows_error", ":", "crisp, last 1024 rows"),
+                                  ("oracle_error", "--", "same-budget oracle, last 1024 rows")):
+            pts = sorted(mine, key=lambda p: p["density"])
+            if pts:
+                ax.plot([p[key] for p in pts], [p["speedup_vs_cudnn"] for p in pts], ls=style, color="grey",
+                        marker=".", lw=1, label=label)
         ax.axvline(max_error, color="grey", ls="--", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")

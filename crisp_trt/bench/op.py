@@ -28,7 +28,7 @@ from ..config import CrispConfig, method_config
 from ..workloads.fit import fitted_spec
 from ..workloads.mixture import fitted_classes, workload_qkv
 from ..workloads.synthetic import SyntheticSpec
-from .recall import plan_from_masks, plan_recall
+from .recall import plan_from_masks, plan_recall, same_budget_oracle
 
 ROW_KEYS = ("n", "method", "workload", "ms", "speedup_vs_cudnn", "density", "routing_ms", "routing_share",
             "rel_error", "recall", "gpu")
@@ -85,22 +85,22 @@ def reference_masks(q, k, cfg: CrispConfig):
     return reference.select_masks(q, k, cfg)[1]
 
 
-def method_recall(q, k, cfg: CrispConfig, recall_max_n: int):
-    """Recall of the method's selection (q [1, n, H, d]): on CUDA the kernels' Plan at every length; on
-    the CPU (or before `kernels.pipeline.plan` exists) the reference masks, up to recall_max_n, else None."""
+def method_plan(q, k, cfg: CrispConfig, max_n: int):
+    """The method's Plan on one sequence (q [1, n, H, d]): on CUDA the kernels' own, at every length; on
+    the CPU one from the reference masks, up to max_n, else None."""
     n = q.shape[1]
     if q.is_cuda:
-        try:
-            from ..kernels.pipeline import plan
-        except ImportError:
-            plan = None
-        if plan is not None:
-            cu = torch.tensor([0, n], dtype=torch.int32, device=q.device)
-            return plan_recall(q[0], k[0], plan(q[0], k[0], cu, n, cfg), cfg.block_size)
-    if n > recall_max_n:
+        from ..kernels.pipeline import plan
+
+        return plan(q[0], k[0], torch.tensor([0, n], dtype=torch.int32, device=q.device), n, cfg)
+    if n > max_n:
         return None
-    qc, kc = q[0].float().cpu(), k[0].float().cpu()
-    return plan_recall(qc, kc, plan_from_masks([reference_masks(qc, kc, cfg)]), cfg.block_size)
+    return plan_from_masks([reference_masks(q[0].float().cpu(), k[0].float().cpu(), cfg)])
+
+
+def _one_sequence(q, k, v):
+    """q, k, v [1, n, ·, d] → [n, ·, d]; fp32 on the CPU, where the reference masks and recall run."""
+    return tuple(t[0] if t.is_cuda else t[0].float() for t in (q, k, v))
 
 
 def run_op(lengths=(512, 1024), shapes=("smollm2",), methods=METHODS, workloads=("synthetic",), repeats=5,
@@ -160,16 +160,24 @@ def _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gp
     return group
 
 
-def sparse_numbers(q, k, v, cfg: CrispConfig, ref, repeats, device, recall_max_n, routing=True) -> dict:
+def sparse_numbers(q, k, v, cfg: CrispConfig, ref, repeats, device, recall_max_n, routing=True,
+                   oracle_rows=0) -> dict:
     """One sparse config on q, k, v [1, n, H, d]: ms, density, routing ms and share (unless routing=False),
-    rel. error against `ref` (dense output, fp32) and recall."""
+    rel. error against `ref` (dense output, fp32) and recall; with oracle_rows, the plan's and the
+    same-budget oracle's error on the last rows (bench.recall.same_budget_oracle), None where recall is."""
     ms = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), repeats, device)
     out, st = crisp_prefill_attention(q, k, v, config=cfg, return_stats=True)
     routing_ms = _routing_ms(q, k, cfg, repeats, device) if routing else None
-    return dict(ms=ms, density=st.mean_density, routing_ms=routing_ms,
-                routing_share=None if routing_ms is None else routing_ms / ms,
-                rel_error=float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)),
-                recall=method_recall(q, k, cfg, recall_max_n))
+    p = method_plan(q, k, cfg, recall_max_n)
+    q0, k0, v0 = _one_sequence(q, k, v)
+    row = dict(ms=ms, density=st.mean_density, routing_ms=routing_ms,
+               routing_share=None if routing_ms is None else routing_ms / ms,
+               rel_error=float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)),
+               recall=None if p is None else plan_recall(q0, k0, p, cfg.block_size))
+    if oracle_rows:
+        o = same_budget_oracle(q0, k0, v0, p, cfg.block_size, rows=oracle_rows) if p is not None else {}
+        row.update(last_rows_error=o.get("plan_rel_err"), oracle_error=o.get("oracle_rel_err"))
+    return row
 
 
 def synthetic_input(workload, shape, n, spec, device, dtype):
