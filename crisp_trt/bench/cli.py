@@ -64,7 +64,7 @@ def cmd_frontier(args):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     lengths = _lens(args.lengths)
     sweeps = {"crisp": args.crisp, "flexprefill": args.flexprefill}
-    grids = sum(len(frontier.parse_sweep(s)) for s in sweeps.values())
+    grids = sum(len(frontier.parse_sweep(s)) for s in sweeps.values() if s.strip())
     with _bar(len(lengths) * grids, "frontier") as bar:
         points = frontier.run_frontier(lengths=lengths, shape=args.shape, workload=args.workload, sweeps=sweeps,
                                        repeats=args.repeats, device=device, base=_config(args), progress=bar,
@@ -138,7 +138,7 @@ def main(argv=None):
     f.add_argument("--crisp", default=frontier_sweeps()["crisp"],
                    help="CRISP grid over CrispConfig knobs: knob=v1,v2;knob2=... (default: %(default)s)")
     f.add_argument("--flexprefill", default=frontier_sweeps()["flexprefill"],
-                   help="FlexPrefill-mode grid, same syntax (default: %(default)s)")
+                   help="FlexPrefill-mode grid, same syntax; \"\" leaves a method out (default: %(default)s)")
     f.add_argument("--max-error", type=float, default=0.02, help="error bound of the best-point summary")
     f.add_argument("--repeats", type=int, default=5)
     f.add_argument("--recall-max-n", type=int, default=16384, help="longest n whose recall is measured on the CPU")

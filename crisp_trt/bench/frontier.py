@@ -52,11 +52,12 @@ def parse_sweep(text: str) -> list[dict]:
 
 def sweep_configs(method: str, grid: list[dict], n: int, base: CrispConfig | None = None) -> list[tuple[dict, CrispConfig]]:
     """(knobs, config) of a method's grid at length n; settings that select the same as an earlier one at
-    this n (a max_budget at or past n) are dropped, so a cap that cannot bind is measured once."""
+    this n (a max_budget or max_slash at or past n) are dropped, so a cap that cannot bind is measured once."""
     out, seen = [], set()
     for knobs in grid:
-        cfg = method_config(method, base).replace(**knobs)
-        key = cfg.replace(max_budget=min(cfg.max_budget, max(n, cfg.min_budget)))
+        cfg = method_config(method, base, **knobs)
+        past_n = max(n, cfg.min_budget)
+        key = cfg.replace(max_budget=min(cfg.max_budget, past_n), max_slash=min(cfg.max_slash, past_n))
         if key not in seen:
             seen.add(key)
             out.append((knobs, cfg))
@@ -71,7 +72,7 @@ def run_frontier(lengths=(2048,), shape="smollm2", workload="synthetic", sweeps=
         raise ValueError(f"workload={workload!r}: expected one of {sorted(SYNTHETIC)}")
     if shape not in SHAPES:
         raise ValueError(f"shape={shape!r}: expected one of {sorted(SHAPES)}")
-    grids = {m: parse_sweep(s) for m, s in (sweeps or SWEEPS).items()}
+    grids = {m: parse_sweep(s) for m, s in (sweeps or SWEEPS).items() if s.strip()}  # "" leaves a method out
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     gpu, points = gpu_name(device), []
     for n in lengths:
