@@ -32,14 +32,7 @@ class CrispConfig:
     tau            routing threshold: "struct" routes vertical-slash iff C_struct ≥ tau;
                    "jsd" routes vertical-slash iff sqrt(JSD) ≥ tau. tau = 0 → every head vertical-slash.
     min_budget     per head, at least this many tokens of columns and of diagonals (rounded up to blocks).
-    max_budget     per head and per query-block row, at most this many tokens (rounded down to blocks): of
-                   columns (vertical-slash) or of candidate blocks (block-sparse).
-    max_slash      per vertical-slash head, at most this many tokens of diagonal offsets (rounded down to
-                   blocks; each offset block costs every row two key blocks). Its own cap because, where the
-                   caps bind (n past max_budget), a column block keeps far more mass for its cost than an offset
-                   block: on real SmolLM2 Q/K/V and on the layer-class workload, at the cap pressure of 128k,
-                   columns 2× and offsets ½× the old shared cap cut both density and error (bench/NOTES
-                   session 8). The default 8192 never binds at n ≤ 8k.
+    max_budget     per head and per query-block row, at most this many tokens (rounded down to blocks).
     dense_below    sequences shorter than this use dense attention; 0 disables.
     routing        "struct" (C_struct off the proxy map, CRISP) or "jsd" (FlexPrefill's test).
     budget         "floor" (sink-aware noise floor, CRISP) or "cumulative" (keep until gamma of the mass).
@@ -57,7 +50,6 @@ class CrispConfig:
     tau: float = 0.5
     min_budget: int = 512
     max_budget: int = 16384
-    max_slash: int = 8192
     dense_below: int = 1024
     routing: str = "struct"
     budget: str = "floor"
@@ -78,7 +70,7 @@ class CrispConfig:
             return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
         for name in ("block_size", "last_q", "sink_tokens", "local_blocks", "min_budget",
-                     "max_budget", "max_slash", "dense_below", "floor_samples"):
+                     "max_budget", "dense_below", "floor_samples"):
             if not is_int(name):
                 raise TypeError(f"CrispConfig.{name}={getattr(self, name)!r}: expected an int")
         for name in ("kappa", "coverage", "floor_quantile", "tau", "gamma"):
@@ -96,8 +88,6 @@ class CrispConfig:
         need(self.min_budget >= 0, "min_budget", "an int >= 0")
         need(self.max_budget >= self.block_size, "max_budget", f"an int >= block_size={self.block_size}")
         need(self.min_budget <= self.max_budget, "min_budget", f"<= max_budget={self.max_budget}")
-        need(self.max_slash >= self.block_size, "max_slash", f"an int >= block_size={self.block_size}")
-        need(self.min_budget <= self.max_slash, "min_budget", f"<= max_slash={self.max_slash}")
         need(self.dense_below >= 0, "dense_below", "an int >= 0")
         need(self.routing in ROUTINGS, "routing", " or ".join(map(repr, ROUTINGS)))
         need(self.budget in BUDGETS, "budget", " or ".join(map(repr, BUDGETS)))
@@ -129,13 +119,9 @@ class CrispConfig:
     def max_blocks(self) -> int:
         return self.max_budget // self.block_size
 
-    @property
-    def max_slash_blocks(self) -> int:
-        return self.max_slash // self.block_size
-
     def max_list(self, num_blocks: int) -> int:
         """Capacity of one query block's key-block list (off-diagonal blocks), for num_blocks blocks."""
-        vertical_slash = self.sink_blocks + self.max_blocks + 2 * (self.max_slash_blocks + self.local_blocks)
+        vertical_slash = self.sink_blocks + self.max_blocks + 2 * (self.max_blocks + self.local_blocks)
         block_sparse = self.sink_blocks + self.local_blocks + self.max_blocks
         return max(1, min(num_blocks, max(vertical_slash, block_sparse)))
 
@@ -155,11 +141,9 @@ class CrispConfig:
 
     @classmethod
     def flexprefill(cls, **changes) -> "CrispConfig":
-        """FlexPrefill-mode baseline: JSD routing, cumulative gamma=0.9, tau=0.1, min budget 1024, B=128, and
-        one cap for columns and diagonals (max_slash follows max_budget unless given), as FlexPrefill has."""
+        """FlexPrefill-mode baseline: JSD routing, cumulative gamma=0.9, tau=0.1, min budget 1024, B=128."""
         base = dict(routing="jsd", budget="cumulative", gamma=0.9, tau=0.1, min_budget=1024, block_size=128)
         base.update(changes)
-        base.setdefault("max_slash", base.get("max_budget", cls.max_budget))
         return cls(**base)
 
 
@@ -171,14 +155,13 @@ METHODS = {
 }
 
 
-def method_config(method: str, base: CrispConfig | None = None, **changes) -> CrispConfig:
-    """The config of a named method: crisp, flexprefill, crisp_gamma (cumulative), crisp_jsd; `changes`
-    (knobs) applied last (FlexPrefill-mode's single cap follows a changed max_budget)."""
+def method_config(method: str, base: CrispConfig | None = None) -> CrispConfig:
+    """The config of a named method: crisp, flexprefill, crisp_gamma (cumulative), crisp_jsd."""
     base = base or CrispConfig()
     if method not in METHODS:
         raise ValueError(f"method={method!r}: expected one of {sorted(METHODS)}")
     if method == "flexprefill":
-        return CrispConfig.flexprefill(**{"dense_below": base.dense_below, "max_budget": base.max_budget, **changes})
-    return base.replace(**{**METHODS[method], **changes})
+        return CrispConfig.flexprefill(dense_below=base.dense_below, max_budget=base.max_budget)
+    return base.replace(**METHODS[method])
 
 

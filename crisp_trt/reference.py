@@ -8,8 +8,7 @@ estimate  per head, P = softmax(scale · Q[n-L:n] · Kᵀ) (causal), v[j] = mean
           s[o] = mean_i P[i, r_i - o]; reduced per block of B to (sum, max) → vsum, vmax, ssum, smax.
 select    noise floor = floor_quantile of the candidate block means (sink and local excluded),
           keep a block iff its max > kappa · floor (or, budget="cumulative", by mass until gamma),
-          then min/max budgets (top-k by the same score, truncated to max in ascending order; the
-          offsets' max is max_slash, the columns' and block-sparse rows' max_budget).
+          then min/max budgets (top-k by the same score, truncated to max in ascending order).
 route     C_struct = vertical mass of the key blocks the selection attends for the last query block;
           vertical-slash iff C_struct ≥ tau (routing="jsd": iff sqrt(JSD(vsum, pooled)) ≥ tau).
 attend    per query block: vertical-slash → kept column blocks ∪ {qb - x : x ∈ kept distances};
@@ -107,15 +106,13 @@ def kth_smallest(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _keep(score: torch.Tensor, mass: torch.Tensor, width: torch.Tensor, always_mass: torch.Tensor,
-          cfg: CrispConfig, sampled: torch.Tensor | None = None, max_blocks: int | None = None) -> torch.Tensor:
+          cfg: CrispConfig, sampled: torch.Tensor | None = None) -> torch.Tensor:
     """Keep decision over one head's (or one row's) candidate entries; returns bool like `score`.
 
     floor: noise floor = floor_quantile of mass/width over the candidates (or over `sampled`),
     keep iff score > kappa · floor. cumulative: keep the largest masses until gamma of the total is
-    covered (always-kept mass counted first). Then budgets: at least min_blocks, at most max_blocks
-    (cfg.max_blocks unless given: the offsets' cap is cfg.max_slash_blocks).
+    covered (always-kept mass counted first). Then budgets: at least min_blocks, at most max_blocks.
     """
-    cap = cfg.max_blocks if max_blocks is None else max_blocks
     m = score.numel()
     if m == 0:
         return torch.zeros(0, dtype=torch.bool, device=score.device)
@@ -140,10 +137,10 @@ def _keep(score: torch.Tensor, mass: torch.Tensor, width: torch.Tensor, always_m
     if sampled is None and cfg.min_blocks > 0:
         floor_k = min(cfg.min_blocks, m)
         keep |= rank_score >= kth_smallest(rank_score, m - floor_k)
-    if m > cap:
-        keep &= rank_score >= kth_smallest(rank_score, m - cap)
-    # ties may exceed the cap: keep the first cap in ascending order
-    keep &= torch.cumsum(keep.int(), 0) <= cap
+    if m > cfg.max_blocks:
+        keep &= rank_score >= kth_smallest(rank_score, m - cfg.max_blocks)
+    # ties may exceed max_blocks: keep the first max_blocks in ascending order
+    keep &= torch.cumsum(keep.int(), 0) <= cfg.max_blocks
     return keep
 
 
@@ -201,8 +198,7 @@ def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConf
         for kappa in cfg.kappas():  # the first kappa whose selection reaches C_struct ≥ coverage, else the last
             cfg_k = cfg.replace(kappa=kappa)
             columns[h, v_lo:v_hi] = _keep(vm[v_lo:v_hi], vs[v_lo:v_hi], width[v_lo:v_hi], v_always, cfg_k)
-            offsets[s_lo:s_hi] = _keep(sm[s_lo:s_hi], ss[s_lo:s_hi], width[s_lo:s_hi], s_always, cfg_k,
-                                       max_blocks=cfg.max_slash_blocks)
+            offsets[s_lo:s_hi] = _keep(sm[s_lo:s_hi], ss[s_lo:s_hi], width[s_lo:s_hi], s_always, cfg_k)
             distances[h] = offsets
             distances[h, 1:] |= offsets[:-1]  # offset block ob touches distances ob and ob + 1
             c_struct[h] = vs_cpu[vertical_slash_union(columns[h], distances[h], nb - 1)].sum().clamp(0, 1)

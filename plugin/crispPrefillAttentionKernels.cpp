@@ -358,7 +358,6 @@ CrispSizes crispSizes(CrispParams const& p, int64_t maxSeqlen) noexcept
     int64_t const nb = ceilDiv(std::max<int64_t>(maxSeqlen, 1), block);
     int64_t const sink = ceilDiv(p.sinkTokens, block);
     int64_t const maxBlocks = p.maxBudget / block;
-    int64_t const maxSlashBlocks = p.maxSlash / block;
     int64_t const local = p.localBlocks;
     CrispSizes z{};
     z.nb = nb;
@@ -366,8 +365,8 @@ CrispSizes crispSizes(CrispParams const& p, int64_t maxSeqlen) noexcept
     z.nch = ceilDiv(nb, z.chunk);
     z.nchCap = std::min<int64_t>(64, ceilDiv(nb, 4));
     z.maxc = std::max<int64_t>(1, std::min(nb, sink + maxBlocks));
-    z.maxd = std::max<int64_t>(1, std::min(nb, 2 * (local + maxSlashBlocks)));
-    int64_t const verticalSlash = sink + maxBlocks + 2 * (maxSlashBlocks + local);
+    z.maxd = std::max<int64_t>(1, std::min(nb, 2 * (local + maxBlocks)));
+    int64_t const verticalSlash = sink + maxBlocks + 2 * (maxBlocks + local);
     int64_t const blockSparse = sink + local + maxBlocks;
     z.maxk = std::max<int64_t>(1, std::min(nb, std::max(verticalSlash, blockSparse)));
     int64_t pow2 = 16;
@@ -483,8 +482,7 @@ int32_t crispLaunchPrefill(CrispLaunchArgs const& a, cudaStream_t stream) noexce
             floatArg("kappa", p.kappa), floatArg("quantile", p.floorQuantile), floatArg("gamma", p.gamma),
             floatArg("tau", p.tau), floatArg("coverage", p.coverage), intArg("steps", kappas), intArg("total", a.tokens), intArg("seqs", seqs), intArg("chunk", z.chunk),
             intArg("dense_below", std::max(p.denseBelow, 1)), intArg("min_blocks", minBlocks),
-            intArg("max_blocks", p.maxBudget / block), intArg("max_slash_blocks", p.maxSlash / block),
-            intArg("H", heads), intArg("G", heads / kvHeads),
+            intArg("max_blocks", p.maxBudget / block), intArg("H", heads), intArg("G", heads / kvHeads),
             intArg("HK", kvHeads), intArg("NB", z.nb), intArg("NQB", z.nb), intArg("NCH", z.nch),
             intArg("MAXK", z.maxk), intArg("MAXC", z.maxc), intArg("MAXD", z.maxd),
             intArg("SINK", ceilDiv(p.sinkTokens, block)), intArg("LOCAL", p.localBlocks),

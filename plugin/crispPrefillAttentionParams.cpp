@@ -32,7 +32,6 @@ constexpr FieldSpec kFIELDS[] = {
     {"tau", PluginFieldType::kFLOAT32},
     {"min_budget", PluginFieldType::kINT32},
     {"max_budget", PluginFieldType::kINT32},
-    {"max_slash", PluginFieldType::kINT32},
     {"dense_below", PluginFieldType::kINT32},
     {"routing", PluginFieldType::kCHAR},
     {"budget", PluginFieldType::kCHAR},
@@ -62,7 +61,7 @@ auto slot(Params& p, int32_t i)
 {
     using Slot = std::conditional_t<std::is_const_v<Params>, void const*, void*>;
     Slot const slots[kNB_FIELDS] = {&p.blockSize, &p.lastQ, &p.sinkTokens, &p.localBlocks, &p.kappa,
-        &p.coverage, &p.floorQuantile, &p.tau, &p.minBudget, &p.maxBudget, &p.maxSlash, &p.denseBelow, &p.routing, &p.budget, &p.gamma,
+        &p.coverage, &p.floorQuantile, &p.tau, &p.minBudget, &p.maxBudget, &p.denseBelow, &p.routing, &p.budget, &p.gamma,
         &p.floorSamples, &p.numHeads, &p.numKvHeads, &p.headDim};
     return slots[i];
 }
@@ -87,8 +86,6 @@ std::string checkRanges(CrispParams const& p)
     if (p.minBudget < 0) return bad("min_budget", "an int >= 0");
     if (p.maxBudget < p.blockSize) return bad("max_budget", "an int >= block_size");
     if (p.minBudget > p.maxBudget) return bad("min_budget", "<= max_budget");
-    if (p.maxSlash < p.blockSize) return bad("max_slash", "an int >= block_size");
-    if (p.minBudget > p.maxSlash) return bad("min_budget", "<= max_slash");
     if (p.denseBelow < 0) return bad("dense_below", "an int >= 0");
     if (p.routing != "struct" && p.routing != "jsd") return bad("routing", "\"struct\" or \"jsd\"");
     if (p.budget != "floor" && p.budget != "cumulative") return bad("budget", "\"floor\" or \"cumulative\"");

@@ -25,7 +25,6 @@ struct CrispParams
     float tau{0.5F};
     int32_t minBudget{512};
     int32_t maxBudget{16384};
-    int32_t maxSlash{8192};
     int32_t denseBelow{1024};
     std::string routing{"struct"};
     std::string budget{"floor"};

@@ -69,7 +69,7 @@ def test_pareto_drops_beaten_points():
 def test_frontier_cli_cpu_matches_op_bench(tmp_path, capsys):
     """Tiny CPU run: schema, finite errors, and the point with the default cap equals the op bench's crisp
     row on the same input (both seed the workload by n)."""
-    base = CrispConfig(block_size=64, dense_below=0, min_budget=64, max_slash=64)
+    base = CrispConfig(block_size=64, dense_below=0, min_budget=64)
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(base.to_dict()))
     main(["frontier", "--lengths", "512", "--shape", "smollm2", "--workload", "synthetic_classes", "--crisp",
@@ -83,7 +83,7 @@ def test_frontier_cli_cpu_matches_op_bench(tmp_path, capsys):
     for p in pts:
         assert tuple(p) == frontier.POINT_KEYS
         assert 0 < p["density"] <= 1 and 0 <= p["rel_error"] < 1 and 0 <= p["recall"] <= 1 + 1e-6
-    assert pts[0]["density"] < pts[1]["density"]  # a one-block column cap keeps fewer blocks than no cap
+    assert pts[0]["density"] < pts[1]["density"]  # a one-block cap keeps fewer blocks than no cap
     for p in pts:  # n < 1024: the last rows are every row, so the oracle's replay of the plan is the op's error
         assert p["last_rows_error"] == pytest.approx(p["rel_error"], abs=1e-5)
     assert pts[0]["oracle_error"] < 0.9 * pts[0]["last_rows_error"]  # the best blocks at the same counts do better
@@ -91,3 +91,10 @@ def test_frontier_cli_cpu_matches_op_bench(tmp_path, capsys):
     assert pts[1]["density"] == pytest.approx(row["density"]) and pts[1]["rel_error"] == pytest.approx(row["rel_error"])
     assert len(res["compare"]) == 1 and (tmp_path / "frontier.png").exists()
     assert "crisp at least as fast" in capsys.readouterr().out
+
+
+def test_an_empty_grid_leaves_its_method_out():
+    base = CrispConfig(block_size=64, dense_below=0, min_budget=0)
+    pts = frontier.run_frontier(lengths=(256,), sweeps={"crisp": "max_budget=64", "flexprefill": " "}, repeats=1,
+                                base=base)
+    assert [(p["method"], p["knobs"]) for p in pts] == [("crisp", {"max_budget": 64})]

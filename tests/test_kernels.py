@@ -73,11 +73,9 @@ def test_estimate_matches_reference(device, lens, window, block):
         assert torch.allclose(st.pooled_q[s, :m].cpu(), pooled, atol=1e-4)
 
 
-BASE = CrispConfig(block_size=64, dense_below=0, min_budget=128, max_budget=512, max_slash=512)
+BASE = CrispConfig(block_size=64, dense_below=0, min_budget=128, max_budget=512)
 PIPELINE_CONFIGS = {
     "crisp": BASE,
-    "crisp_slash_capped": BASE.replace(coverage=1.0, max_slash=128),  # offsets' own cap binds, not the columns'
-    "crisp_default_caps": BASE.replace(max_budget=CrispConfig().max_budget, max_slash=CrispConfig().max_slash),
     "crisp_fixed_kappa": BASE.replace(coverage=0.0),  # no kappa ladder
     "crisp_full_ladder": BASE.replace(coverage=1.0),  # every head down to kappa / 8
     "block_sparse": BASE.replace(tau=1.5),  # every head block-sparse: the sampled noise floor per row

@@ -121,24 +121,3 @@ def test_coverage_halves_kappa_until_cstruct_reaches_it():
     assert torch.all(hi.columns | ~lo.columns) and torch.all(hi.distances | ~lo.distances)
     assert torch.all(hi.c_struct >= lo.c_struct)
     assert any(fixed[16.0].c_struct[h] < 0.9 for h in range(q.shape[1])), "the ladder is never exercised"
-
-
-def test_columns_and_offsets_have_their_own_caps():
-    """max_budget caps a vertical-slash head's columns, max_slash its offset blocks (each touching two
-    distances); lifting one cap leaves the other side's selection as it was when nothing else binds."""
-    q, k, _ = synthetic_qkv(4096, 4, 2, 64, seed=6)
-    q, k = q[0], k[0]
-    base = CrispConfig(block_size=64, dense_below=0, min_budget=0, coverage=1.0, kappa=1.0)
-    est = R.estimate(q, k, base)
-    free = R.select_heads(est, q, k, base.replace(max_budget=1 << 20, max_slash=1 << 20))
-    sel = R.select_heads(est, q, k, base.replace(max_budget=8 * 64, max_slash=2 * 64))
-    sink, local = base.sink_blocks, base.local_blocks
-    for h in range(q.shape[1]):
-        assert int(sel.columns[h].sum()) <= sink + 8 and int(sel.distances[h].sum()) <= 2 * (2 + local)
-    assert int(free.columns.sum()) > int(sel.columns.sum()) and int(free.distances.sum()) > int(sel.distances.sum())
-    cols_only = R.select_heads(est, q, k, base.replace(max_budget=8 * 64, max_slash=1 << 20))
-    assert torch.equal(cols_only.distances, free.distances) and torch.equal(cols_only.columns, sel.columns)
-    with pytest.raises(ValueError, match=r"CrispConfig.max_slash=32: expected an int >= block_size=64"):
-        CrispConfig(block_size=64, max_slash=32, min_budget=0)
-    with pytest.raises(ValueError, match=r"CrispConfig.min_budget=1024: expected <= max_slash=512"):
-        CrispConfig(min_budget=1024, max_slash=512)

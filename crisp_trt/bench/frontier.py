@@ -52,12 +52,11 @@ def parse_sweep(text: str) -> list[dict]:
 
 def sweep_configs(method: str, grid: list[dict], n: int, base: CrispConfig | None = None) -> list[tuple[dict, CrispConfig]]:
     """(knobs, config) of a method's grid at length n; settings that select the same as an earlier one at
-    this n (a max_budget or max_slash at or past n) are dropped, so a cap that cannot bind is measured once."""
+    this n (a max_budget at or past n) are dropped, so a cap that cannot bind is measured once."""
     out, seen = [], set()
     for knobs in grid:
-        cfg = method_config(method, base, **knobs)
-        past_n = max(n, cfg.min_budget)
-        key = cfg.replace(max_budget=min(cfg.max_budget, past_n), max_slash=min(cfg.max_slash, past_n))
+        cfg = method_config(method, base).replace(**knobs)
+        key = cfg.replace(max_budget=min(cfg.max_budget, max(n, cfg.min_budget)))
         if key not in seen:
             seen.add(key)
             out.append((knobs, cfg))

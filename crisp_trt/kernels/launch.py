@@ -134,7 +134,7 @@ class Sizes:
         nb = -(-max_seqlen // cfg.block_size)
         chunk = max(4, -(-nb // 64))  # ≤ 64 chunks: each estimate_mass program merges them all
         maxc = max(1, min(nb, cfg.sink_blocks + cfg.max_blocks))
-        maxd = max(1, min(nb, 2 * (cfg.local_blocks + cfg.max_slash_blocks)))
+        maxd = max(1, min(nb, 2 * (cfg.local_blocks + cfg.max_blocks)))
         return cls(nb, chunk, -(-nb // chunk), min(64, -(-nb // 4)), maxc, maxd, cfg.max_list(nb), route_chunk(nb))
 
 

@@ -93,8 +93,7 @@ class Stages:
         self.route_, self.c_struct, self.dense = (self._buffer(n) for n in ("route", "c_struct", "dense"))
         run(route_kernel, (heads, seqs), self.vsum, self.vmax, self.ssum, self.smax, self.cu, self.columns, offsets,
             self.distances, self.cols, self.ncols, self.dists, self.ndists, self.c_struct, self.route_, self.dense,
-            *self.knobs, cfg.tau, cfg.coverage, len(cfg.kappas()), cfg.min_blocks, cfg.max_blocks,
-            cfg.max_slash_blocks, self.dense_below,
+            *self.knobs, cfg.tau, cfg.coverage, len(cfg.kappas()), cfg.min_blocks, cfg.max_blocks, self.dense_below,
             self.total, heads, z.nb,
             cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, block=cfg.block_size,
             C=z.route_chunk, **self.budget_flags)

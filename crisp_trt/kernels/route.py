@@ -1,8 +1,7 @@
 """route: per head, the vertical-slash selection, its C_struct, and the route (reference.select_heads).
 
 One program per (head, sequence). From estimate's per-block vsum/vmax/ssum/smax it keeps column
-blocks (sink always, candidates by bisect.thresholds, at most max_blocks) and offset blocks (local
-always, at most max_slash_blocks), turns offsets
+blocks (sink always, candidates by bisect.thresholds) and offset blocks (local always), turns offsets
 into diagonal distances (offset block ob touches distances ob and ob + 1), writes both as bool maps
 and as compact ascending lists for select, then C_struct = Σ vsum over the key blocks the last query
 block attends; while C_struct < coverage, kappa halves and the selection is redone (≤ `steps` kappas,
@@ -110,8 +109,7 @@ def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, 
 @kernel
 def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, keep_o_ptr, keep_d_ptr, cols_ptr,
                  ncols_ptr, dists_ptr, ndists_ptr, cstruct_ptr, route_ptr, dense_ptr, kappa, quantile, gamma, tau,
-                 coverage, steps, min_blocks, max_blocks, max_slash_blocks, dense_below, total, H, NB, BLOCK, SINK,
-                 LOCAL, MAXC, MAXD,
+                 coverage, steps, min_blocks, max_blocks, dense_below, total, H, NB, BLOCK, SINK, LOCAL, MAXC, MAXD,
                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, C: tl.constexpr):
     h = tl.program_id(0)
     s = tl.program_id(1)
@@ -142,7 +140,7 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, kee
         _keep_blocks(vsum_ptr, vmax_ptr, base, v_lo, v_hi, v_lo, nb, width_last, kappa_j, quantile, gamma,
                      min_blocks, max_blocks, keep_c_ptr, BLOCK, FLOOR, MIN_TOP, C)
         _keep_blocks(ssum_ptr, smax_ptr, base, s_lo, s_hi, s_lo, nb, width_last, kappa_j, quantile, gamma,
-                     min_blocks, max_slash_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C)
+                     min_blocks, max_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C)
         tl.debug_barrier()
         t0 = 0
         while t0 < nb:  # distances: offset block ob touches distances ob and ob + 1

@@ -121,7 +121,7 @@ FieldSet validFields()
         intField("local_blocks", 1), floatField("kappa", 8.F), floatField("coverage", 0.9F),
         floatField("floor_quantile", 0.5F),
         floatField("tau", 0.5F), intField("min_budget", 512), intField("max_budget", 16384),
-        intField("max_slash", 8192), intField("dense_below", 1024), charField("routing", "struct"), charField("budget", "floor"),
+        intField("dense_below", 1024), charField("routing", "struct"), charField("budget", "floor"),
         floatField("gamma", 0.9F), intField("floor_samples", 64), intField("num_heads", 32),
         intField("num_kv_heads", 8), intField("head_dim", 128)};
     return s;
@@ -298,7 +298,6 @@ std::vector<std::pair<std::string, std::function<void(FieldSet&)>>> malformedCas
         {"coverage", floatField("coverage", nan)}, {"floor_quantile", floatField("floor_quantile", 1.5F)},
         {"tau", floatField("tau", -0.1F)}, {"min_budget", intField("min_budget", -1)},
         {"min_budget", intField("min_budget", 20000)}, {"max_budget", intField("max_budget", 64)},
-        {"max_slash", intField("max_slash", 64)}, {"min_budget", intField("min_budget", 9000)},
         {"dense_below", intField("dense_below", -1)}, {"routing", charField("routing", "structs")},
         {"routing", charField("routing", "")}, {"budget", charField("budget", "cumul")},
         {"gamma", floatField("gamma", 0.F)}, {"gamma", floatField("gamma", 1.5F)},
