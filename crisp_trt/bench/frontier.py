@@ -172,7 +172,7 @@ def knob_label(knobs: dict) -> str:
 
 def plot(points, path, max_error=0.02):
     """One panel per length: speedup vs cuDNN against rel. error, every point, a line per method's Pareto front;
-    in grey CRISP's points again by their last-rows error and by the same-budget oracle's there."""
+    in grey the Pareto fronts of CRISP's points by their last-rows error and by the same-budget oracle's there."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,14 +194,15 @@ def plot(points, path, max_error=0.02):
         mine = [p for p in points if p["n"] == n and p["method"] == "crisp" and p.get("oracle_error") is not None]
         for key, style, label in (("last_rows_error", ":", "crisp, last 1024 rows"),
                                   ("oracle_error", "--", "same-budget oracle, last 1024 rows")):
-            pts = sorted(mine, key=lambda p: p["density"])
+            pts = pareto([{**p, "rel_error": p[key]} for p in mine])
             if pts:
-                ax.plot([p[key] for p in pts], [p["speedup_vs_cudnn"] for p in pts], ls=style, color="grey",
+                ax.plot([p["rel_error"] for p in pts], [p["speedup_vs_cudnn"] for p in pts], ls=style, color="grey",
                         marker=".", lw=1, label=label)
         ax.axvline(max_error, color="grey", ls="--", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{100 * x:g} %"))
+        ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_minor_formatter(ticker.NullFormatter())
