@@ -1,15 +1,14 @@
 """Assemble fitted_smollm2_classes.json from this session's per-class runs, in mixture.fit_classes' record
 format. Each class was fitted to 128k (probe_fit.py) and its end segment checked at 512k against its law
 (in fit_early.json; probe_check512.py for late): both missed there. Early got its 512k knot
-(probe_knot512.py, knots_early.json, 28 min); late's did not finish in the session, so late stops at 128k
-(its failed 512k check kept as "past_last_knot") and mixture_qkv refuses n > 128k."""
+(probe_knot512.py, knots_early.json, 28 min); late's finished in session 8 (knots_late.json, 54 min), so both
+classes reach 512k. (Until then late stopped at 128k, its failed 512k check kept as "past_last_knot".)"""
 import json
 from crisp_trt.workloads.fit import TOLERANCE
 from crisp_trt.workloads.mixture import CLASSES_PATH
 d = "bench/results/session7_mixture/"
 early = json.load(open(d + "knots_early.json"))
-late = json.load(open(d + "fit_late.json"))["classes"][0]
-late["past_last_knot"] = json.load(open(d + "check512_late.json"))
+late = json.load(open(d + "knots_late.json"))  # session 8: its 512k knot (probe_knot512.py late, 54 min)
 classes = [early, late]
 record = {"tolerance": TOLERANCE, "classes": classes,
           "tolerance_met": all(r["within_tolerance"] for c in classes for r in c["lengths"].values()),
