@@ -21,8 +21,11 @@ def test_parse_sweep_grid_lengths_and_errors():
         frontier.parse_sweep("max_budget")
     with pytest.raises(ValueError, match="expected at least one"):
         frontier.parse_sweep(" ; ")
-    with pytest.raises(ValueError, match="expected a length"):
+    with pytest.raises(ValueError, match=r"sweep knob max_budget='lots': expected a length like 16k"):
         frontier.parse_sweep("max_budget=lots")
+    with pytest.raises(ValueError, match=r"sweep knob gamma='high': expected a number"):
+        frontier.parse_sweep("gamma=high")
+    assert frontier.parse_sweep("budget=floor,cumulative") == [{"budget": "floor"}, {"budget": "cumulative"}]
 
 
 def test_caps_past_n_are_measured_once():

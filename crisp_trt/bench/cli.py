@@ -64,10 +64,12 @@ def cmd_frontier(args):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     lengths = _lens(args.lengths)
     sweeps = {"crisp": args.crisp, "flexprefill": args.flexprefill}
-    grids = sum(len(frontier.parse_sweep(s)) for s in sweeps.values() if s.strip())
-    with _bar(len(lengths) * grids, "frontier") as bar:
+    base = _config(args)
+    total = sum(len(frontier.sweep_configs(m, frontier.parse_sweep(s), n, base))
+                for n in lengths for m, s in sweeps.items() if s.strip())
+    with _bar(total, "frontier") as bar:
         points = frontier.run_frontier(lengths=lengths, shape=args.shape, workload=args.workload, sweeps=sweeps,
-                                       repeats=args.repeats, device=device, base=_config(args), progress=bar,
+                                       repeats=args.repeats, device=device, base=base, progress=bar,
                                        recall_max_n=args.recall_max_n,
                                        on_points=lambda done: frontier.write_results(done, args.out, plots=False))
     path = frontier.write_results(points, args.out, max_error=args.max_error, plots=not args.no_plots)

@@ -28,12 +28,12 @@ SWEEPS = {"crisp": "max_budget=4k,8k,16k,32k,64k,128k,1M", "flexprefill": "gamma
 POINT_KEYS = ("n", "method", "knobs", "workload", "ms", "speedup_vs_cudnn", "density", "rel_error", "recall",
               "last_rows_error", "oracle_error", "cudnn_ms", "gpu")
 ORACLE_ROWS = 1024
-_INT_KNOBS = {f for f in CrispConfig.__dataclass_fields__ if isinstance(getattr(CrispConfig(), f), int)}
+_KNOB_TYPES = {name: type(getattr(CrispConfig(), name)) for name in CrispConfig.__dataclass_fields__}
 
 
 def parse_sweep(text: str) -> list[dict]:
     """'gamma=0.9,0.95;max_budget=16k,1M' → the grid of knob settings (a list of dicts, cartesian product).
-    Int knobs take lengths (16k, 1M); the others numbers. Names are checked against CrispConfig."""
+    Int knobs take lengths (16k, 1M), float knobs numbers, str knobs words. Names and values are checked."""
     axes = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, values = part.partition("=")
@@ -43,8 +43,15 @@ def parse_sweep(text: str) -> list[dict]:
         if name not in CrispConfig.__dataclass_fields__:
             raise ValueError(f"sweep knob {name!r}: expected a CrispConfig field, one of "
                              f"{sorted(CrispConfig.__dataclass_fields__)}")
-        cast = parse_length if name in _INT_KNOBS else float
-        axes.append([(name, cast(v.strip())) for v in values.split(",") if v.strip()])
+        cast = {int: parse_length, float: float}.get(_KNOB_TYPES[name], str)
+        axis = []
+        for v in filter(None, (v.strip() for v in values.split(","))):
+            try:
+                axis.append((name, cast(v)))
+            except ValueError:
+                kind = {int: "a length like 16k or 131072", float: "a number"}[_KNOB_TYPES[name]]
+                raise ValueError(f"sweep knob {name}={v!r}: expected {kind}") from None
+        axes.append(axis)
     if not axes:
         raise ValueError(f"sweep {text!r}: expected at least one knob=v1,v2,...")
     return [dict(combo) for combo in itertools.product(*axes)]
