@@ -1,4 +1,4 @@
-"""crisp-bench: op speed/accuracy, real-model accuracy, end-to-end (DESIGN.md §6)."""
+"""crisp-bench: op speed/accuracy, speed-vs-error frontiers, real-model accuracy, end-to-end (DESIGN.md §6)."""
 from __future__ import annotations
 
 import argparse
