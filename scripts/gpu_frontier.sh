@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Speedup-vs-error frontiers on the H200 (crisp-bench frontier), one synthetic workload after another:
-#   WORKLOADS=synthetic_classes,synthetic OUT=$OUT bash scripts/gpu_frontier.sh [lengths, default 32k,128k,512k]
-# Each workload's JSON + PNG go to $OUT/frontier_<workload>/; its table and the comparison are printed last.
+#   WORKLOADS=synthetic_classes,synthetic OUT=$OUT bash scripts/gpu_frontier.sh [lengths, default 32k,128k]
+# Each workload's JSON + PNG go to $OUT/frontier_<workload>/ and its table is printed last. A workload gets
+# FRONTIER_LIMIT seconds (default 280: 32k + 128k with the default grids); 512k takes ~170 s more per
+# workload (pass one workload and FRONTIER_LIMIT=500). On a timeout the JSON written after every point stays
+# (frontier_latest.json; no table, no PNG). Exits with the number of workloads that failed.
 set -u
+cd "$(dirname "$0")/.." || exit 1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-bench/results}
+failed=0
 IFS=, read -ra LIST <<< "${WORKLOADS:-synthetic_classes,synthetic}"
 for w in "${LIST[@]}"; do
-    mkdir -p "$OUT/frontier_$w"
+    dir="$OUT/frontier_$w"
+    mkdir -p "$dir"
     timeout "${FRONTIER_LIMIT:-280}" python3 -m crisp_trt.bench.cli frontier --workload "$w" \
-        --lengths "${1:-32k,128k,512k}" --out "$OUT/frontier_$w" > "$OUT/frontier_$w/table.txt" 2> "$OUT/frontier_$w/log.txt" \
-        || { echo "frontier $w failed or timed out (rc=$?); last log lines:"; tail -n 3 "$OUT/frontier_$w/log.txt"; }
+        --lengths "${1:-32k,128k}" --out "$dir" > "$dir/table.txt" 2> "$dir/log.txt" \
+        || { echo "frontier $w failed or timed out (rc=$?; partial JSON: $dir/frontier_latest.json):"
+             tr '\r' '\n' < "$dir/log.txt" | tail -n 3; failed=$((failed + 1)); }
 done
 for w in "${LIST[@]}"; do echo "== $w"; cat "$OUT/frontier_$w/table.txt"; done
+exit "$failed"

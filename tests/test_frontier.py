@@ -21,11 +21,18 @@ def test_parse_sweep_grid_lengths_and_errors():
         frontier.parse_sweep("max_budget")
     with pytest.raises(ValueError, match="expected at least one"):
         frontier.parse_sweep(" ; ")
-    with pytest.raises(ValueError, match=r"sweep knob max_budget='lots': expected a length like 16k"):
+    with pytest.raises(ValueError, match=r"sweep knob max_budget='lots': expected 0 or a length like 16k"):
         frontier.parse_sweep("max_budget=lots")
     with pytest.raises(ValueError, match=r"sweep knob gamma='high': expected a number"):
         frontier.parse_sweep("gamma=high")
     assert frontier.parse_sweep("budget=floor,cumulative") == [{"budget": "floor"}, {"budget": "cumulative"}]
+    assert frontier.parse_sweep("dense_below=0,8k") == [{"dense_below": 0}, {"dense_below": 8192}]
+    with pytest.raises(ValueError, match="sweep knob 'max_budget': expected at least one value"):
+        frontier.parse_sweep("max_budget=,")
+    with pytest.raises(ValueError, match="sweep knob 'gamma' given twice"):
+        frontier.parse_sweep("gamma=0.9;gamma=0.95")
+    assert frontier.knob_label({"budget": "floor", "max_budget": 1 << 20, "gamma": 0.9}) == \
+        "budget=floor max_budget=1M gamma=0.9"
 
 
 def test_caps_past_n_are_measured_once():
@@ -33,6 +40,10 @@ def test_caps_past_n_are_measured_once():
     kept = frontier.sweep_configs("crisp", grid, 4096)
     assert [knobs["max_budget"] for knobs, _ in kept] == [1024, 4096]
     assert all(cfg.routing == "struct" for _, cfg in kept)
+    short = frontier.sweep_configs("crisp", grid, 100, CrispConfig(min_budget=0))  # n < one block of 128
+    assert [knobs["max_budget"] for knobs, _ in short] == [1024]
+    with pytest.raises(ValueError, match=r"CrispConfig.budget='topk'"):
+        frontier.sweep_plan((4096,), {"crisp": "budget=topk"})
     fp = frontier.sweep_configs("flexprefill", frontier.parse_sweep("gamma=0.9,0.95"), 4096)
     assert [cfg.gamma for _, cfg in fp] == [0.9, 0.95] and all(cfg.routing == "jsd" for _, cfg in fp)
 
@@ -52,6 +63,7 @@ def test_compare_and_best_within():
     assert c1["dominates"] is False
     # 2k: CRISP never reaches flexprefill's 0.5 %, so there is no CRISP point to compare
     assert c2["points"][0]["best_speedup"] is None and c2["dominates"] is False
+    assert frontier.compare([p for p in pts if p["method"] == "crisp"])[0]["dominates"] is None  # nothing to beat
     assert frontier.compare([p for p in pts if p["knobs"] != {"g": 2} and p["n"] == 1024])[0]["dominates"] is True
     # at equal error on CRISP's front (1 %, 2.0×) – (5 %, 4.0×), log-log: 2 · 2^(ln 2 / ln 5) ≈ 2.70× at 2 %
     assert c1["points"][0]["speedup_at_equal_error"] == pytest.approx(2 * 2 ** (math.log(2) / math.log(5)))
@@ -94,6 +106,16 @@ def test_frontier_cli_cpu_matches_op_bench(tmp_path, capsys):
     assert pts[1]["density"] == pytest.approx(row["density"]) and pts[1]["rel_error"] == pytest.approx(row["rel_error"])
     assert len(res["compare"]) == 1 and (tmp_path / "frontier.png").exists()
     assert "crisp at least as fast" in capsys.readouterr().out
+
+
+def test_cli_names_a_bad_argument(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["frontier", "--lengths", "512", "--workload", "bogus", "--device", "cpu"])
+    assert stop.value.code == 2
+    assert "crisp-bench frontier: error: workload='bogus': expected one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["frontier", "--lengths", "512", "--crisp", "kappa=big", "--device", "cpu"])
+    assert "sweep knob kappa='big': expected a number" in capsys.readouterr().err
 
 
 def test_an_empty_grid_leaves_its_method_out():

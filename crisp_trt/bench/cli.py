@@ -65,13 +65,13 @@ def cmd_frontier(args):
     lengths = _lens(args.lengths)
     sweeps = {"crisp": args.crisp, "flexprefill": args.flexprefill}
     base = _config(args)
-    total = sum(len(frontier.sweep_configs(m, frontier.parse_sweep(s), n, base))
-                for n in lengths for m, s in sweeps.items() if s.strip())
+    total = sum(len(points) for points in frontier.sweep_plan(lengths, sweeps, base).values())
     with _bar(total, "frontier") as bar:
         points = frontier.run_frontier(lengths=lengths, shape=args.shape, workload=args.workload, sweeps=sweeps,
                                        repeats=args.repeats, device=device, base=base, progress=bar,
                                        recall_max_n=args.recall_max_n,
-                                       on_points=lambda done: frontier.write_results(done, args.out, plots=False))
+                                       on_points=lambda done: frontier.write_results(done, args.out, args.max_error,
+                                                                                     plots=False))
     path = frontier.write_results(points, args.out, max_error=args.max_error, plots=not args.no_plots)
     for p in points:
         print(f"n={p['n']:>8} {p['method']:>12} {frontier.knob_label(p['knobs']):<32} x{p['speedup_vs_cudnn']:6.2f}"
@@ -81,7 +81,8 @@ def cmd_frontier(args):
             eq = x["speedup_at_equal_error"]
             print(f"n={c['n']:>8} flexprefill {frontier.knob_label(x['other_knobs']):<26} err {x['other_error']:.4f} "
                   f"x{x['other_speedup']:5.2f} | crisp at equal error x{'  n/a' if eq is None else f'{eq:5.2f}'}")
-        print(f"n={c['n']:>8} crisp at least as fast as every flexprefill point at no more error: {c['dominates']}")
+        if c["dominates"] is not None:
+            print(f"n={c['n']:>8} crisp at least as fast as every flexprefill point at no more error: {c['dominates']}")
     print(path)
 
 
@@ -110,13 +111,9 @@ def cmd_e2e(args):
     return e2e.main_from_args(args)
 
 
-def frontier_sweeps() -> dict:
+def main(argv=None):
     from .frontier import SWEEPS
 
-    return SWEEPS
-
-
-def main(argv=None):
     p = argparse.ArgumentParser(prog="crisp-bench", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     o = sub.add_parser("op", help="attention op: dense (cuDNN/FA2) vs CRISP, FlexPrefill-mode, ablations")
@@ -137,9 +134,9 @@ def main(argv=None):
     f.add_argument("--lengths", default="32k,128k", help="comma list, e.g. 32k,128k,512k")
     f.add_argument("--shape", default="llama3_8b", help="llama3_8b (32/8, d=128) or smollm2 (9/3, d=64)")
     f.add_argument("--workload", default="synthetic_classes", help="synthetic, synthetic_classes or synthetic_plain")
-    f.add_argument("--crisp", default=frontier_sweeps()["crisp"],
+    f.add_argument("--crisp", default=SWEEPS["crisp"],
                    help="CRISP grid over CrispConfig knobs: knob=v1,v2;knob2=... (default: %(default)s)")
-    f.add_argument("--flexprefill", default=frontier_sweeps()["flexprefill"],
+    f.add_argument("--flexprefill", default=SWEEPS["flexprefill"],
                    help="FlexPrefill-mode grid, same syntax; \"\" leaves a method out (default: %(default)s)")
     f.add_argument("--max-error", type=float, default=0.02, help="error bound of the best-point summary")
     f.add_argument("--repeats", type=int, default=5)
@@ -167,7 +164,10 @@ def main(argv=None):
     add_arguments(e)
     e.set_defaults(fn=cmd_e2e)
     args = p.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except ValueError as exc:  # a bad argument value (workload, sweep knob, length, config field): one line
+        p.exit(2, f"crisp-bench {args.cmd}: error: {exc}\n")
 
 
 if __name__ == "__main__":

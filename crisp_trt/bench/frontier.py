@@ -31,26 +31,37 @@ ORACLE_ROWS = 1024
 _KNOB_TYPES = {name: type(getattr(CrispConfig(), name)) for name in CrispConfig.__dataclass_fields__}
 
 
+def _int_knob(text: str) -> int:
+    """An int knob's value: 0 or a length as users type them (16k, 1M, 131072)."""
+    return 0 if text == "0" else parse_length(text)
+
+
 def parse_sweep(text: str) -> list[dict]:
     """'gamma=0.9,0.95;max_budget=16k,1M' → the grid of knob settings (a list of dicts, cartesian product).
-    Int knobs take lengths (16k, 1M), float knobs numbers, str knobs words. Names and values are checked."""
-    axes = []
+    Int knobs take 0 or lengths (16k, 1M), float knobs numbers, str knobs words; names, values, empty
+    axes and repeated knobs are checked here, ranges by CrispConfig."""
+    axes, names = [], set()
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, values = part.partition("=")
         name = name.strip()
         if not sep or not values.strip():
             raise ValueError(f"sweep {part!r}: expected knob=v1,v2,... (e.g. max_budget=16k,32k)")
-        if name not in CrispConfig.__dataclass_fields__:
-            raise ValueError(f"sweep knob {name!r}: expected a CrispConfig field, one of "
-                             f"{sorted(CrispConfig.__dataclass_fields__)}")
-        cast = {int: parse_length, float: float}.get(_KNOB_TYPES[name], str)
+        if name not in _KNOB_TYPES:
+            raise ValueError(f"sweep knob {name!r}: expected a CrispConfig field, one of {sorted(_KNOB_TYPES)}")
+        if name in names:
+            raise ValueError(f"sweep knob {name!r} given twice: expected each knob once")
+        names.add(name)
+        kind = _KNOB_TYPES[name]
+        cast = {int: _int_knob, float: float}.get(kind, str)
         axis = []
         for v in filter(None, (v.strip() for v in values.split(","))):
             try:
                 axis.append((name, cast(v)))
             except ValueError:
-                kind = {int: "a length like 16k or 131072", float: "a number"}[_KNOB_TYPES[name]]
-                raise ValueError(f"sweep knob {name}={v!r}: expected {kind}") from None
+                expected = {int: "0 or a length like 16k or 131072", float: "a number"}[kind]
+                raise ValueError(f"sweep knob {name}={v!r}: expected {expected}") from None
+        if not axis:
+            raise ValueError(f"sweep knob {name!r}: expected at least one value")
         axes.append(axis)
     if not axes:
         raise ValueError(f"sweep {text!r}: expected at least one knob=v1,v2,...")
@@ -63,11 +74,20 @@ def sweep_configs(method: str, grid: list[dict], n: int, base: CrispConfig | Non
     out, seen = [], set()
     for knobs in grid:
         cfg = method_config(method, base).replace(**knobs)
-        key = cfg.replace(max_budget=min(cfg.max_budget, max(n, cfg.min_budget)))
+        whole = -(-n // cfg.block_size) * cfg.block_size  # a cap at or past n, in whole blocks, cannot bind
+        key = cfg.replace(max_budget=min(cfg.max_budget, max(whole, cfg.min_budget, cfg.block_size)))
         if key not in seen:
             seen.add(key)
             out.append((knobs, cfg))
     return out
+
+
+def sweep_plan(lengths, sweeps=None, base: CrispConfig | None = None) -> dict[int, list[tuple[str, dict, CrispConfig]]]:
+    """Per length, the (method, knobs, config) points to measure; every grid is parsed and every config
+    built here, before any input is generated, so a bad knob fails at once. A blank grid leaves its method out."""
+    grids = {m: parse_sweep(s) for m, s in (sweeps or SWEEPS).items() if s.strip()}
+    return {n: [(m, knobs, cfg) for m, grid in grids.items() for knobs, cfg in sweep_configs(m, grid, n, base)]
+            for n in lengths}
 
 
 def run_frontier(lengths=(2048,), shape="smollm2", workload="synthetic", sweeps=None, repeats=5, device="cpu",
@@ -78,30 +98,30 @@ def run_frontier(lengths=(2048,), shape="smollm2", workload="synthetic", sweeps=
         raise ValueError(f"workload={workload!r}: expected one of {sorted(SYNTHETIC)}")
     if shape not in SHAPES:
         raise ValueError(f"shape={shape!r}: expected one of {sorted(SHAPES)}")
-    grids = {m: parse_sweep(s) for m, s in (sweeps or SWEEPS).items() if s.strip()}  # "" leaves a method out
+    todo = sweep_plan(lengths, sweeps, base)
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     gpu, points = gpu_name(device), []
     for n in lengths:
         wname, (q, k, v) = synthetic_input(workload, shape, n, None, device, dtype)
         ref = dense_prefill_attention(q, k, v).float()
         cudnn_ms = median_ms(dense_fn(DENSE[0], q, k, v), repeats, device)
-        for method, grid in grids.items():
-            for knobs, cfg in sweep_configs(method, grid, n, base):
-                row = sparse_numbers(q, k, v, cfg, ref, repeats, device, recall_max_n, routing=False,
-                                     oracle_rows=ORACLE_ROWS)
-                row.update(n=n, method=method, knobs=knobs, workload=wname, cudnn_ms=cudnn_ms, gpu=gpu,
-                           speedup_vs_cudnn=cudnn_ms / row["ms"])
-                points.append({key: row[key] for key in POINT_KEYS})
-                if progress is not None:
-                    progress.update(1)
-                if on_points is not None:
-                    on_points(points)
+        for method, knobs, cfg in todo[n]:
+            row = sparse_numbers(q, k, v, cfg, ref, repeats, device, recall_max_n, routing=False,
+                                 oracle_rows=ORACLE_ROWS)
+            row.update(n=n, method=method, knobs=knobs, workload=wname, cudnn_ms=cudnn_ms, gpu=gpu,
+                       speedup_vs_cudnn=cudnn_ms / row["ms"])
+            points.append({key: row[key] for key in POINT_KEYS})
+            if progress is not None:
+                progress.update(1)
+            if on_points is not None:
+                on_points(points)
         del q, k, v, ref
     return points
 
 
 def pareto(points: list[dict]) -> list[dict]:
-    """The points no other point beats on both speedup and error, in ascending error."""
+    """The points that no other point matches on both speedup and error while beating it on one (weakly
+    dominated points go too), in ascending error."""
     front = []
     for p in sorted(points, key=lambda p: (p["rel_error"], -p["speedup_vs_cudnn"])):
         if not front or p["speedup_vs_cudnn"] > front[-1]["speedup_vs_cudnn"]:
@@ -111,7 +131,8 @@ def pareto(points: list[dict]) -> list[dict]:
 
 def speedup_at(front: list[dict], error: float) -> float | None:
     """Speedup of a Pareto front at `error`, linear in log error and log speedup between its points;
-    None outside the front's error range (no extrapolation)."""
+    None outside the front's error range (no extrapolation). A segment from a zero-error point has no log:
+    there the lower point's speedup holds up to (not including) the next point's error."""
     for a, b in zip(front, front[1:] + front[-1:]):
         if a["rel_error"] <= error <= b["rel_error"]:
             if b["rel_error"] <= a["rel_error"] or a["rel_error"] <= 0:
@@ -125,7 +146,7 @@ def compare(points: list[dict], fast: str = "crisp", other: str = "flexprefill")
     """Per length and per `other` point: `fast`'s quickest measured point with error ≤ that point's error
     and whether it is at least as fast (`faster`, the literal test), and `fast`'s speedup at exactly that
     error on its Pareto front (`speedup_at_equal_error`, interpolated; None outside its measured range).
-    `dominates` per length: every `other` point is matched by the literal test."""
+    `dominates` per length: every `other` point is matched by the literal test (None: no `other` points)."""
     out = []
     for n in sorted({p["n"] for p in points}):
         mine = [p for p in points if p["n"] == n and p["method"] == fast]
@@ -140,7 +161,7 @@ def compare(points: list[dict], fast: str = "crisp", other: str = "flexprefill")
                           "faster": bool(best and best["speedup_vs_cudnn"] >= p["speedup_vs_cudnn"]),
                           "speedup_at_equal_error": speedup_at(front, p["rel_error"])})
         out.append({"n": n, "fast": fast, "other": other, "points": cells,
-                    "dominates": bool(cells) and all(c["faster"] for c in cells)})
+                    "dominates": all(c["faster"] for c in cells) if cells else None})
     return out
 
 
@@ -167,13 +188,16 @@ def write_results(points, out_dir="bench/results", max_error=0.02, plots=True) -
     return path
 
 
+def show(v) -> str:
+    """A knob value as users type it: 1048576 → '1M', 16384 → '16k', 0.9 → '0.9', 'floor' → 'floor'."""
+    for unit, size in (("M", 1 << 20), ("k", 1 << 10)):
+        if isinstance(v, int) and v >= size and v % size == 0:
+            return f"{v // size}{unit}"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def knob_label(knobs: dict) -> str:
-    """{'max_budget': 1048576, 'gamma': 0.9} → 'max_budget=1M gamma=0.9' (lengths as users type them)."""
-    def show(v):
-        for unit, size in (("M", 1 << 20), ("k", 1 << 10)):
-            if isinstance(v, int) and v >= size and v % size == 0:
-                return f"{v // size}{unit}"
-        return f"{v:g}"
+    """{'max_budget': 1048576, 'gamma': 0.9} → 'max_budget=1M gamma=0.9'."""
     return " ".join(f"{k}={show(v)}" for k, v in knobs.items())
 
 
@@ -213,7 +237,7 @@ def plot(points, path, max_error=0.02):
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_minor_formatter(ticker.NullFormatter())
-        ax.set_title(f"n = {n // 1024}k" if n >= 1024 else f"n = {n}")
+        ax.set_title(f"n = {show(n)}")
         ax.set_xlabel("output rel. error vs dense")
         ax.set_ylabel("speedup vs cuDNN")
         ax.grid(alpha=0.3, which="both")
