@@ -6,9 +6,7 @@
 # workload (pass one workload and FRONTIER_LIMIT=500). On a timeout the JSON written after every point stays
 # (frontier_latest.json; no table, no PNG). Exits with the number of workloads that failed.
 set -u
-cd "$(dirname "$0")/.." || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT=${OUT:-bench/results}
+source "$(dirname "$0")/gpu_env.sh"
 failed=0
 IFS=, read -ra LIST <<< "${WORKLOADS:-synthetic_classes,synthetic}"
 for w in "${LIST[@]}"; do

@@ -4,10 +4,7 @@
 #   WORKLOADS=synthetic_classes,synthetic OUT=$OUT bash scripts/gpu_speed.sh [lengths...]
 # Writes $OUT/speed_<workload>.txt and the speed_*.json of scripts/speed_table.py; prints each table last.
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.used --format=csv > "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"
 IFS=, read -ra LIST <<< "${WORKLOADS:-synthetic_classes,synthetic}"
 for w in "${LIST[@]}"; do
     WORKLOAD=$w timeout "${SPEED_LIMIT:-280}" python3 scripts/speed_table.py "$@" > "$OUT/speed_$w.txt" 2>&1 \
