@@ -104,11 +104,14 @@ def fitted_classes(path: str = CLASSES_PATH) -> tuple[LayerClass, ...]:
                  for c in record["classes"])
 
 
+def _mean(stats: list[dict]) -> dict:
+    """Key-wise mean of statistics dicts with the same keys."""
+    return {key: sum(s[key] for s in stats) / len(stats) for key in stats[0]}
+
+
 def class_means(per_layer: dict, layers) -> dict[int, dict]:
     """{n: statistics averaged over `layers`} from {layer: {n: attention_stats}}."""
-    lengths = per_layer[next(iter(layers))]
-    return {n: {key: sum(per_layer[l][n][key] for l in layers) / len(layers) for key in lengths[n]}
-            for n in lengths}
+    return {n: _mean([per_layer[l][n] for l in layers]) for n in per_layer[next(iter(layers))]}
 
 
 def measure_layers(lengths=(1024, 2048, 4096, 8192), offsets=(0, 12000, 24000), rows: int = 128) -> dict:
@@ -125,8 +128,7 @@ def measure_layers(lengths=(1024, 2048, 4096, 8192), offsets=(0, 12000, 24000), 
         grabbed = capture_qkv(max(lengths), model=model, tok=tok, offset=offset)
         runs.append({l: {n: attention_stats(q[0, :n], k[0, :n], rows=rows) for n in lengths}
                      for l, (q, k, _) in grabbed.items()})
-    return {l: {n: {key: sum(r[l][n][key] for r in runs) / len(runs) for key in runs[0][l][n]} for n in lengths}
-            for l in runs[0]}
+    return {l: {n: _mean([r[l][n] for r in runs]) for n in lengths} for l in runs[0]}
 
 
 def fit_classes(per_layer: dict, class_layers=CLASS_LAYERS, extrapolate=(32768, 131072), validate=(524288,)) -> dict:

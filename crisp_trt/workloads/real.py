@@ -12,6 +12,7 @@ what transformers passes to attention (after the RoPE rotation), then answers wi
 """
 from __future__ import annotations
 
+import functools
 import glob
 import os
 
@@ -40,11 +41,17 @@ def held_out_text() -> str:
     return real_text(held_out=True)
 
 
+@functools.lru_cache(maxsize=4)
+def _source_ids(tok, held_out: bool) -> torch.Tensor:
+    """The whole source text tokenised once per tokenizer (seconds each time otherwise: one per capture)."""
+    return tok(real_text(held_out=held_out), return_tensors="pt").input_ids[0]
+
+
 def text_ids(tok, n: int, held_out: bool = False, offset: int = 0) -> torch.Tensor:
     """n token ids of real text from token `offset` on (the source repeated as needed), shape [1, n]."""
-    ids = tok(real_text(held_out=held_out), return_tensors="pt").input_ids[0]
     if offset < 0:
         raise ValueError(f"offset={offset}: expected a token index >= 0")
+    ids = _source_ids(tok, held_out)
     reps = -(-(offset + n) // ids.numel())
     return ids.repeat(reps)[offset: offset + n][None]
 
