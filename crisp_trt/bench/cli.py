@@ -64,11 +64,9 @@ def cmd_frontier(args):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     lengths = _lens(args.lengths)
     sweeps = {"crisp": args.crisp, "flexprefill": args.flexprefill}
-    base = _config(args)
-    total = sum(len(points) for points in frontier.sweep_plan(lengths, sweeps, base).values())
-    with _bar(total, "frontier") as bar:
+    with _bar(None, "frontier") as bar:  # run_frontier sets the total once it has planned the points
         points = frontier.run_frontier(lengths=lengths, shape=args.shape, workload=args.workload, sweeps=sweeps,
-                                       repeats=args.repeats, device=device, base=base, progress=bar,
+                                       repeats=args.repeats, device=device, base=_config(args), progress=bar,
                                        recall_max_n=args.recall_max_n,
                                        on_points=lambda done: frontier.write_results(done, args.out, args.max_error,
                                                                                      plots=False))

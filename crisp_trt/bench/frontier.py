@@ -93,12 +93,15 @@ def sweep_plan(lengths, sweeps=None, base: CrispConfig | None = None) -> dict[in
 def run_frontier(lengths=(2048,), shape="smollm2", workload="synthetic", sweeps=None, repeats=5, device="cpu",
                  dtype=None, base: CrispConfig | None = None, recall_max_n: int = 16384, progress=None,
                  on_points=None) -> list[dict]:
-    """Points (dicts with POINT_KEYS) of every method's sweep at every length, cuDNN timed in the same run."""
+    """Points (dicts with POINT_KEYS) of every method's sweep at every length, cuDNN timed in the same run;
+    `progress` (a tqdm bar) gets its total from the plan and a step per point."""
     if workload not in SYNTHETIC:
         raise ValueError(f"workload={workload!r}: expected one of {sorted(SYNTHETIC)}")
     if shape not in SHAPES:
         raise ValueError(f"shape={shape!r}: expected one of {sorted(SHAPES)}")
     todo = sweep_plan(lengths, sweeps, base)
+    if progress is not None:  # a tqdm bar: one step per point
+        progress.reset(total=sum(len(v) for v in todo.values()))
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     gpu, points = gpu_name(device), []
     for n in lengths:
