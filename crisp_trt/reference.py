@@ -111,7 +111,10 @@ def _keep(score: torch.Tensor, mass: torch.Tensor, width: torch.Tensor, always_m
 
     floor: noise floor = floor_quantile of mass/width over the candidates (or over `sampled`),
     keep iff score > kappa · floor. cumulative: keep the largest masses until gamma of the total is
-    covered (always-kept mass counted first). Then budgets: at least min_blocks, at most max_blocks.
+    covered (always-kept mass counted first). Then budgets: at least the min_blocks top candidates by
+    the rule's own statistic (score under floor, mass under cumulative); when more than max_blocks are
+    kept, the max_blocks of them with the most mass under either rule — a cap ranked by a block's max
+    favours one sharp diagonal over a heavier block, which costs full-sequence error (bench/NOTES.md).
     """
     m = score.numel()
     if m == 0:
@@ -137,8 +140,9 @@ def _keep(score: torch.Tensor, mass: torch.Tensor, width: torch.Tensor, always_m
     if sampled is None and cfg.min_blocks > 0:
         floor_k = min(cfg.min_blocks, m)
         keep |= rank_score >= kth_smallest(rank_score, m - floor_k)
-    if m > cfg.max_blocks:
-        keep &= rank_score >= kth_smallest(rank_score, m - cfg.max_blocks)
+    kept = int(keep.sum())
+    if kept > cfg.max_blocks:
+        keep &= mass >= kth_smallest(mass[keep], kept - cfg.max_blocks)
     # ties may exceed max_blocks: keep the first max_blocks in ascending order
     keep &= torch.cumsum(keep.int(), 0) <= cfg.max_blocks
     return keep

@@ -158,3 +158,17 @@ def test_op_workloads_are_checked_and_classes_run(tmp_path):
                      base=base)
     assert [r["workload"] for r in rows] == ["synthetic_classes_smollm2"] * 2
     assert rows[1]["method"] == "crisp" and 0 < rows[1]["density"] <= 1 and rows[1]["rel_error"] < 1e-3
+
+
+def test_oracle_positions_spread_whole_blocks():
+    """spread: rows // block whole query blocks at the midpoints of equal slices (every block when fewer
+    exist; the last, partial block clipped to n); last: the last rows; anything else is refused."""
+    from crisp_trt.bench.recall import oracle_positions
+
+    got = oracle_positions(1000, 64, 256, "spread")  # 16 blocks, 4 chosen: 2, 6, 10, 14
+    assert got.tolist() == [t for b in (2, 6, 10, 14) for t in range(64 * b, 64 * b + 64)]
+    assert oracle_positions(1000, 64, 4096, "spread").tolist() == list(range(1000))
+    assert oracle_positions(1000, 64, 10, "spread").tolist() == list(range(512, 576))  # at least one block
+    assert oracle_positions(1000, 64, 100, "last").tolist() == list(range(900, 1000))
+    with pytest.raises(ValueError, match="where='first'"):
+        oracle_positions(1000, 64, 100, "first")

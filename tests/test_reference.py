@@ -121,3 +121,23 @@ def test_coverage_halves_kappa_until_cstruct_reaches_it():
     assert torch.all(hi.columns | ~lo.columns) and torch.all(hi.distances | ~lo.distances)
     assert torch.all(hi.c_struct >= lo.c_struct)
     assert any(fixed[16.0].c_struct[h] < 0.9 for h in range(q.shape[1])), "the ladder is never exercised"
+
+
+def test_cap_ranks_by_mass():
+    """The floor rule and the min budget read each block's max, but the cap ranks by mass: when more than
+    max_blocks are kept, the heaviest of those stay (a sharp block loses to a heavier one); the cumulative
+    rule ranks by mass throughout."""
+    mass = torch.tensor([0.30, 0.02, 0.20, 0.25, 0.05, 0.18])
+    score = torch.tensor([0.01, 0.50, 0.04, 0.02, 0.00, 0.03])  # block 1: one sharp entry, little mass
+    width, always = torch.ones(6), torch.tensor(0.0)
+    floor = CrispConfig(block_size=64, kappa=1.0, floor_quantile=0.0, min_budget=0, max_budget=6 * 64)
+    # floor = min(mass) = 0.02, so every score above 0.02 passes: blocks 1, 2, 5 (and not 3: 0.02 is not > 0.02)
+    assert R._keep(score, mass, width, always, floor).tolist() == [False, True, True, False, False, True]
+    assert R._keep(score, mass, width, always, floor.replace(max_budget=2 * 64)).tolist() == \
+        [False, False, True, False, False, True]  # the cap keeps the heaviest two of the three that passed
+    assert R._keep(score, mass, width, always, floor.replace(min_budget=4 * 64)).tolist() == \
+        [False, True, True, True, False, True]  # at least the four sharpest
+    gamma = floor.replace(budget="cumulative", gamma=0.5)
+    assert R._keep(score, mass, width, always, gamma).tolist() == [True, False, False, True, False, False]
+    assert R._keep(score, mass, width, always, gamma.replace(max_budget=64)).tolist() == \
+        [True, False, False, False, False, False]

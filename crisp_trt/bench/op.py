@@ -164,7 +164,8 @@ def sparse_numbers(q, k, v, cfg: CrispConfig, ref, repeats, device, recall_max_n
                    oracle_rows=0) -> dict:
     """One sparse config on q, k, v [1, n, H, d]: ms, density, routing ms and share (unless routing=False),
     rel. error against `ref` (dense output, fp32) and recall; with oracle_rows, the plan's and the
-    same-budget oracle's error on the last rows (bench.recall.same_budget_oracle), None where recall is."""
+    same-budget oracle's error on that many rows in whole query blocks spread over the sequence
+    (bench.recall.same_budget_oracle, where="spread"), None where recall is."""
     ms = median_ms(lambda: crisp_prefill_attention(q, k, v, config=cfg), repeats, device)
     out, st = crisp_prefill_attention(q, k, v, config=cfg, return_stats=True)
     routing_ms = _routing_ms(q, k, cfg, repeats, device) if routing else None
@@ -175,8 +176,8 @@ def sparse_numbers(q, k, v, cfg: CrispConfig, ref, repeats, device, recall_max_n
                rel_error=float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)),
                recall=None if p is None else plan_recall(q0, k0, p, cfg.block_size))
     if oracle_rows:
-        o = same_budget_oracle(q0, k0, v0, p, cfg.block_size, rows=oracle_rows) if p is not None else {}
-        row.update(last_rows_error=o.get("plan_rel_err"), oracle_error=o.get("oracle_rel_err"))
+        o = same_budget_oracle(q0, k0, v0, p, cfg.block_size, rows=oracle_rows, where="spread") if p is not None else {}
+        row.update(sampled_error=o.get("plan_rel_err"), oracle_error=o.get("oracle_rel_err"))
     return row
 
 

@@ -57,28 +57,42 @@ def plan_recall(q: torch.Tensor, k: torch.Tensor, plan, block: int, *, seq: int 
     return total / heads
 
 
+def oracle_positions(n: int, block: int, rows: int, where: str) -> torch.Tensor:
+    """Query rows the oracle scores: "last" = the last `rows` rows; "spread" = rows // block whole query
+    blocks evenly spaced over the sequence (every block when that many or more), so their summed squared
+    error estimates the full sequence's — the last rows alone overrate recent key blocks."""
+    if where == "last":
+        return torch.arange(max(0, n - rows), n)
+    if where != "spread":
+        raise ValueError(f"where={where!r}: expected 'last' or 'spread'")
+    nb = -(-n // block)
+    count = max(1, min(nb, rows // block))
+    chosen = ((torch.arange(count) * 2 + 1) * nb) // (2 * count)
+    return (chosen[:, None] * block + torch.arange(block)).flatten().clamp_max(n - 1).unique()
+
+
 def same_budget_oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, block: int, *, seq: int = 0,
-                       rows: int = 1024) -> dict:
-    """How good any block selection could be with the plan's budget, on the last `rows` query rows.
+                       rows: int = 1024, where: str = "last") -> dict:
+    """How good any block selection could be with the plan's budget, on `rows` query rows (oracle_positions).
 
     Per head and query block, the oracle keeps the key blocks with the most dense softmax mass (summed over
-    the block's rows in the window), as many as the plan attends there (diagonal included, so a full causal
+    the block's scored rows), as many as the plan attends there (diagonal included, so a full causal
     row is dense). Both are scored the same way — output rel. error vs dense and kept mass on those rows,
     fp32 — so the gap says how much is the selection's fault and how much the workload's: when the oracle
     misses an error target at the plan's density, no block selection of that size meets it."""
     n, heads, _ = q.shape
     group = heads // k.shape[1]
-    first = max(0, n - rows)
+    r = oracle_positions(n, block, rows, where).to(q.device)
     pos = torch.arange(n, device=q.device)
-    qb = pos[first:] // block
+    qb = r // block
     nkb = -(-n // block)
     blocks, inverse = torch.unique(qb, return_inverse=True)
     planned = masks_from_plan(plan, seq, nkb, blocks).to(q.device)            # [H, QB, nkb]
-    future = pos[None] > pos[first:, None]
+    future = pos[None] > r[:, None]
     sq = {"plan_err": 0.0, "oracle_err": 0.0, "dense_norm": 0.0, "plan_mass": 0.0, "oracle_mass": 0.0}
     for h in range(heads):
         vv = v[:, h // group].float()
-        p, mass = dense_rows(q[first:, h], k[:, h // group], future, block)
+        p, mass = dense_rows(q[r, h], k[:, h // group], future, block)
         per_block = torch.zeros(len(blocks), nkb, device=q.device).index_add_(0, inverse, mass)
         count = planned[h].sum(-1)
         rank = per_block.argsort(-1, descending=True).argsort(-1)
@@ -90,6 +104,6 @@ def same_budget_oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, 
             kept_mass = kept.sum(-1, keepdim=True)
             sq[f"{name}_err"] += float(((kept / kept_mass) @ vv - dense).square().sum())
             sq[f"{name}_mass"] += float(kept_mass.mean()) / heads
-    return {"rows": n - first, "plan_rel_err": (sq["plan_err"] / sq["dense_norm"]) ** 0.5,
+    return {"rows": len(r), "plan_rel_err": (sq["plan_err"] / sq["dense_norm"]) ** 0.5,
             "oracle_rel_err": (sq["oracle_err"] / sq["dense_norm"]) ** 0.5,
             "plan_mass": sq["plan_mass"], "oracle_mass": sq["oracle_mass"]}

@@ -68,24 +68,49 @@ def mass_threshold(ptr, base, lo, m, cnt, need, last, wlast, wdiv, C: tl.constex
 
 
 @triton.jit
-def count_and_sum(ptr, base, lo, m, gt, ge, cap, last, wlast, wdiv, C: tl.constexpr):
-    """Per row over the contiguous range: (#entries kept by keep_rule, Σ of all entries)."""
-    kept = tl.zeros_like(m)
-    total = tl.zeros_like(gt)
-    top = tl.max(m, 0)
-    t0 = 0
-    while t0 < top:
-        x, ok = load_rows(ptr, base, lo, m, m, last, wlast, wdiv, t0, C)
-        kept += tl.sum((ok & keep_rule(x, gt, ge, cap)).to(tl.int32), 1)
-        total += tl.sum(x, 1)
-        t0 += C
-    return kept, total
+def keep_rule(rank, mass, gt, ge, cap):
+    """Kept iff (rank > gt or rank ≥ ge) and mass ≥ cap: floor rule, top-k / coverage rule, max-budget cap."""
+    return ((rank > gt[:, None]) | (rank >= ge[:, None])) & (mass >= cap[:, None])
 
 
 @triton.jit
-def keep_rule(x, gt, ge, cap):
-    """Kept iff (x > gt or x ≥ ge) and x ≥ cap: floor rule, top-k / coverage rule, max-budget cap."""
-    return ((x > gt[:, None]) | (x >= ge[:, None])) & (x >= cap[:, None])
+def count_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, cap, C: tl.constexpr):
+    """Per row over the contiguous range: the number of entries keep_rule keeps."""
+    kept = tl.zeros_like(m)
+    none = tl.zeros_like(m) - 1
+    one = tl.zeros_like(gt) + 1.0
+    top = tl.max(m, 0)
+    t0 = 0
+    while t0 < top:
+        rank, ok = load_rows(rank_ptr, base, lo, m, m, none, one, 1.0, t0, C)
+        mass, _ = load_rows(mass_ptr, base, lo, m, m, none, one, 1.0, t0, C)
+        kept += tl.sum((ok & keep_rule(rank, mass, gt, ge, cap)).to(tl.int32), 1)
+        t0 += C
+    return kept
+
+
+@triton.jit
+def kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, k, C: tl.constexpr):
+    """Per row, the k[r]-th smallest (0-indexed) mass among the entries keep_rule keeps without a cap."""
+    lo_b = tl.zeros_like(k)
+    hi_b = tl.zeros_like(k) + INF_BITS
+    none = tl.zeros_like(m) - 1
+    zero = tl.zeros_like(gt)
+    top = tl.max(m, 0)
+    for _ in range(31):
+        mid = lo_b + (hi_b - lo_b) // 2
+        below = tl.zeros_like(k)
+        t0 = 0
+        while t0 < top:
+            rank, ok = load_rows(rank_ptr, base, lo, m, m, none, zero + 1.0, 1.0, t0, C)
+            mass, _ = load_rows(mass_ptr, base, lo, m, m, none, zero + 1.0, 1.0, t0, C)
+            hit = ok & keep_rule(rank, mass, gt, ge, zero) & (mass.to(tl.int32, bitcast=True) <= mid[:, None])
+            below += tl.sum(hit.to(tl.int32), 1)
+            t0 += C
+        take = below >= k + 1
+        hi_b = tl.where(take, mid, hi_b)
+        lo_b = tl.where(take, lo_b, mid + 1)
+    return hi_b.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -94,9 +119,10 @@ def thresholds(mass_ptr, score_ptr, base, lo, m, always, floor_ptr, floor_lo, fl
                FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, C: tl.constexpr):
     """(gt, ge, cap) per row for keep_rule over candidates [lo, lo + m) (reference._keep).
 
-    FLOOR: gt = kappa · quantile of the floor entries (means mass/width, or the strided sample),
-    ranked by score; else ge = the coverage threshold of gamma − always, ranked by mass. MIN_TOP adds
-    the top min_blocks; cap keeps the top max_blocks (then the caller's cumulative cap breaks ties).
+    FLOOR: gt = kappa · quantile of the floor entries (means mass/width, or the strided sample), tested on
+    score; else ge = the coverage threshold of gamma − always, on mass. MIN_TOP adds the top min_blocks by
+    that same statistic; when more than max_blocks are kept, cap keeps the max_blocks of them with the
+    most mass under either rule (then the caller's cumulative cap breaks ties).
     """
     inf = tl.zeros_like(always) + float("inf")
     zero = tl.zeros_like(always)
@@ -113,17 +139,17 @@ def thresholds(mass_ptr, score_ptr, base, lo, m, always, floor_ptr, floor_lo, fl
         gt = inf
         ge = tl.where(need <= 0, inf, reach)
         rank_ptr = mass_ptr
-    kept, _ = count_and_sum(rank_ptr, base, lo, m, gt, ge, zero, none, zero + 1.0, 1.0, C)
+    kept = count_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, zero, C)
     if MIN_TOP:
         fk = tl.minimum(min_blocks, m)
         short = (kept < fk) & (fk > 0)
         if tl.max(short.to(tl.int32), 0) > 0:
             top = kth_smallest(rank_ptr, base, lo, m, m, m - fk, none, zero + 1.0, 1.0, C)
             ge = tl.where(short, tl.minimum(ge, top), ge)
-            kept, _ = count_and_sum(rank_ptr, base, lo, m, gt, ge, zero, none, zero + 1.0, 1.0, C)
+            kept = count_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, zero, C)
     over = (kept > max_blocks) & (m > max_blocks)
     cap = zero
     if tl.max(over.to(tl.int32), 0) > 0:
-        cut = kth_smallest(rank_ptr, base, lo, m, m, m - max_blocks, none, zero + 1.0, 1.0, C)
+        cut = kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, kept - max_blocks, C)
         cap = tl.where(over, cut, zero)
     return gt, ge, cap

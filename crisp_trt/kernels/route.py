@@ -46,8 +46,9 @@ def _keep_blocks(mass_ptr, score_ptr, base, lo, hi, always_hi, nb, width_last, k
     t0 = 0
     while t0 < nb:
         j = t0 + tl.arange(0, C)[None, :]
-        x = tl.load(rank_ptr + base + j, mask=j < nb, other=0.0)
-        cand = (j >= lo) & (j < hi) & keep_rule(x, gt, ge, cap)
+        rank = tl.load(rank_ptr + base + j, mask=j < nb, other=0.0)
+        mass = tl.load(mass_ptr + base + j, mask=j < nb, other=0.0)
+        cand = (j >= lo) & (j < hi) & keep_rule(rank, mass, gt, ge, cap)
         within = (tl.cumsum(cand.to(tl.int32), 1) + taken) <= max_blocks
         keep = (j < always_hi) | (cand & within)
         tl.store(keep_ptr + base + j, keep.to(tl.int8), mask=j < nb)

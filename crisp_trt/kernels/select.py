@@ -112,7 +112,7 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, r
         kb = kb0 + tl.arange(0, C)[None, :]
         ok = (kb < qb[:, None]) & row_ok[:, None]
         p = tl.load(scratch_ptr + base[:, None] + kb, mask=ok, other=0.0)
-        cand = ok & (kb >= lo[:, None]) & (kb < hi[:, None]) & keep_rule(p, gt, ge, cap)
+        cand = ok & (kb >= lo[:, None]) & (kb < hi[:, None]) & keep_rule(p, p, gt, ge, cap)
         within = (tl.cumsum(cand.to(tl.int32), 1) + taken[:, None]) <= max_blocks
         flag = ok & ((kb < lo[:, None]) | (kb >= hi[:, None]) | (cand & within))
         pos = count[:, None] + tl.cumsum(flag.to(tl.int32), 1) - 1
