@@ -99,7 +99,7 @@ def test_frontier_cli_cpu_matches_op_bench(tmp_path, capsys):
         assert tuple(p) == frontier.POINT_KEYS
         assert 0 < p["density"] <= 1 and 0 <= p["rel_error"] < 1 and 0 <= p["recall"] <= 1 + 1e-6
     assert pts[0]["density"] < pts[1]["density"]  # a one-block cap keeps fewer blocks than no cap
-    for p in pts:  # 8 query blocks of 64: the spread sample is every row, so the oracle's replay of the plan is the op's error
+    for p in pts:  # 8 blocks of 64: the spread sample is every row, so the plan's replay is the op's error
         assert p["sampled_error"] == pytest.approx(p["rel_error"], abs=1e-5)
     assert pts[0]["oracle_error"] < pts[0]["sampled_error"]  # the best blocks at the same counts do better
     row = op.run_op(lengths=(512,), methods=("crisp",), workloads=("synthetic_classes",), repeats=1, base=base)[0]

@@ -83,7 +83,7 @@ def count_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, cap, C: tl.constexpr):
     t0 = 0
     while t0 < top:
         rank, ok = load_rows(rank_ptr, base, lo, m, m, none, one, 1.0, t0, C)
-        mass, mass_ok = load_rows(mass_ptr, base, lo, m, m, none, one, 1.0, t0, C)
+        mass, mass_ok = load_rows(mass_ptr, base, lo, m, m, none, one, 1.0, t0, C)  # ok == mass_ok
         kept += tl.sum((ok & keep_rule(rank, mass, gt, ge, cap)).to(tl.int32), 1)
         t0 += C
     return kept
@@ -96,14 +96,15 @@ def kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, k, C: tl.constexpr):
     hi_b = tl.zeros_like(k) + INF_BITS
     none = tl.zeros_like(m) - 1
     zero = tl.zeros_like(gt)
+    one = zero + 1.0
     top = tl.max(m, 0)
     for _ in range(31):
         mid = lo_b + (hi_b - lo_b) // 2
         below = tl.zeros_like(k)
         t0 = 0
         while t0 < top:
-            rank, ok = load_rows(rank_ptr, base, lo, m, m, none, zero + 1.0, 1.0, t0, C)
-            mass, mass_ok = load_rows(mass_ptr, base, lo, m, m, none, zero + 1.0, 1.0, t0, C)
+            rank, ok = load_rows(rank_ptr, base, lo, m, m, none, one, 1.0, t0, C)
+            mass, mass_ok = load_rows(mass_ptr, base, lo, m, m, none, one, 1.0, t0, C)  # ok == mass_ok
             hit = ok & keep_rule(rank, mass, gt, ge, zero) & (mass.to(tl.int32, bitcast=True) <= mid[:, None])
             below += tl.sum(hit.to(tl.int32), 1)
             t0 += C
