@@ -74,17 +74,16 @@ def keep_rule(rank, mass, gt, ge, cap):
 
 
 @triton.jit
-def count_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, cap, C: tl.constexpr):
-    """Per row over the contiguous range: the number of entries keep_rule keeps."""
+def count_kept(rank_ptr, base, lo, m, gt, ge, C: tl.constexpr):
+    """Per row over the contiguous range: the number of entries keep_rule keeps before any cap."""
     kept = tl.zeros_like(m)
     none = tl.zeros_like(m) - 1
-    one = tl.zeros_like(gt) + 1.0
+    zero = tl.zeros_like(gt)
     top = tl.max(m, 0)
     t0 = 0
     while t0 < top:
-        rank, ok = load_rows(rank_ptr, base, lo, m, m, none, one, 1.0, t0, C)
-        mass, mass_ok = load_rows(mass_ptr, base, lo, m, m, none, one, 1.0, t0, C)  # ok == mass_ok
-        kept += tl.sum((ok & keep_rule(rank, mass, gt, ge, cap)).to(tl.int32), 1)
+        rank, ok = load_rows(rank_ptr, base, lo, m, m, none, zero + 1.0, 1.0, t0, C)
+        kept += tl.sum((ok & keep_rule(rank, rank, gt, ge, zero)).to(tl.int32), 1)  # no cap: mass unread
         t0 += C
     return kept
 
@@ -140,14 +139,14 @@ def thresholds(mass_ptr, score_ptr, base, lo, m, always, floor_ptr, floor_lo, fl
         gt = inf
         ge = tl.where(need <= 0, inf, reach)
         rank_ptr = mass_ptr
-    kept = count_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, zero, C)
+    kept = count_kept(rank_ptr, base, lo, m, gt, ge, C)
     if MIN_TOP:
         fk = tl.minimum(min_blocks, m)
         short = (kept < fk) & (fk > 0)
         if tl.max(short.to(tl.int32), 0) > 0:
             top = kth_smallest(rank_ptr, base, lo, m, m, m - fk, none, zero + 1.0, 1.0, C)
             ge = tl.where(short, tl.minimum(ge, top), ge)
-            kept = count_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, zero, C)
+            kept = count_kept(rank_ptr, base, lo, m, gt, ge, C)
     over = (kept > max_blocks) & (m > max_blocks)
     cap = zero
     if tl.max(over.to(tl.int32), 0) > 0:
