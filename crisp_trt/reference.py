@@ -174,6 +174,41 @@ def jsd_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.sqrt((0.5 * kl(p) + 0.5 * kl(q)).clamp_min(0))
 
 
+def diagonals(offsets: torch.Tensor) -> torch.Tensor:
+    """Kept diagonal distances of kept offset blocks: offset block ob touches distances ob and ob + 1."""
+    dist = offsets.clone()
+    dist[1:] |= offsets[:-1]
+    return dist
+
+
+def covered_mass(vs: torch.Tensor, columns: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """C_struct of a vertical-slash selection: the window's mass on the last query block's key blocks."""
+    nb = vs.numel()
+    return vs[vertical_slash_union(columns, diagonals(offsets), nb - 1)].sum().clamp(0, 1)
+
+
+def trim_to_coverage(vs: torch.Tensor, ss: torch.Tensor, columns: torch.Tensor, offsets: torch.Tensor,
+                     v_lo: int, s_lo: int, cfg: CrispConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mass-ordered stop: drop the lightest kept columns and offsets while C_struct stays ≥ coverage.
+
+    One threshold t for both: keep a candidate column (offset) block iff its vsum (ssum) ≥ t, t the largest
+    that still covers `coverage` and leaves each of the two min(min_blocks, kept) candidates; the sink
+    columns and local offsets stay. The floor rule at the ladder's last kappa says which blocks rise above
+    the noise; the mass says which of them the window needs (on real Q/K/V the floor alone overshoots to
+    C_struct ≈ 0.999 with many light blocks: bench/NOTES.md, session 10).
+    """
+    cand_c, cand_o = columns.clone(), offsets.clone()
+    cand_c[:v_lo], cand_o[:s_lo] = False, False
+    need_c, need_o = (min(cfg.min_blocks, int(c.sum())) for c in (cand_c, cand_o))
+    masses = torch.cat([vs[cand_c], ss[cand_o]]).unique(sorted=True).flip(0)
+    for t in [float("inf"), *masses.tolist()]:  # descending: the first t that holds is the largest
+        cols, offs = columns & ~(cand_c & (vs < t)), offsets & ~(cand_o & (ss < t))
+        if (covered_mass(vs, cols, offs) >= cfg.coverage and int((cols & cand_c).sum()) >= need_c
+                and int((offs & cand_o).sum()) >= need_o):
+            return cols, offs
+    return columns, offsets
+
+
 def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> HeadSelection:
     """Per head: noise-floor (or cumulative) selection of columns and diagonals, C_struct, route."""
     n, heads, d = q.shape
@@ -194,6 +229,7 @@ def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConf
     columns[:, :v_lo] = True
     offsets = torch.zeros(nb, dtype=torch.bool)
     offsets[:s_lo] = True
+    c_ladder = torch.zeros(heads)
     for h in range(heads):
         vs, vm, ss, sm = est.vsum[h], est.vmax[h], est.ssum[h], est.smax[h]
         vs_cpu = vs.cpu()
@@ -203,14 +239,17 @@ def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConf
             cfg_k = cfg.replace(kappa=kappa)
             columns[h, v_lo:v_hi] = _keep(vm[v_lo:v_hi], vs[v_lo:v_hi], width[v_lo:v_hi], v_always, cfg_k)
             offsets[s_lo:s_hi] = _keep(sm[s_lo:s_hi], ss[s_lo:s_hi], width[s_lo:s_hi], s_always, cfg_k)
-            distances[h] = offsets
-            distances[h, 1:] |= offsets[:-1]  # offset block ob touches distances ob and ob + 1
-            c_struct[h] = vs_cpu[vertical_slash_union(columns[h], distances[h], nb - 1)].sum().clamp(0, 1)
+            c_struct[h] = covered_mass(vs_cpu, columns[h], offsets)
             if c_struct[h] >= cfg.coverage:
                 break
+        c_ladder[h] = c_struct[h]
+        if cfg.budget == "floor" and 0 < cfg.coverage <= c_struct[h]:
+            columns[h], offsets = trim_to_coverage(vs_cpu, ss.cpu(), columns[h], offsets, v_lo, s_lo, cfg)
+            c_struct[h] = covered_mass(vs_cpu, columns[h], offsets)
+        distances[h] = diagonals(offsets)
         p_est = torch.softmax(pooled_k[:, h].cpu() @ pooled_q[h].cpu() / math.sqrt(d), 0)
         jsd[h] = jsd_distance(vs_cpu, p_est)
-    score = c_struct if cfg.routing == "struct" else jsd
+    score = c_ladder if cfg.routing == "struct" else jsd  # the route is decided before the trim
     route = torch.where(score >= cfg.tau, ROUTE_VERTICAL_SLASH, ROUTE_BLOCK_SPARSE)
     return HeadSelection(columns, distances, c_struct, jsd, route)
 

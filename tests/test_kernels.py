@@ -78,6 +78,8 @@ PIPELINE_CONFIGS = {
     "crisp": BASE,
     "crisp_fixed_kappa": BASE.replace(coverage=0.0),  # no kappa ladder
     "crisp_full_ladder": BASE.replace(coverage=1.0),  # every head down to kappa / 8
+    "crisp_trim": BASE.replace(coverage=0.9, kappa=2.0),  # the trim drops columns and offsets in every head
+    "crisp_trim_min_binds": BASE.replace(coverage=0.9, kappa=2.0, min_budget=384),  # ... fewer: 6-block minimum
     "block_sparse": BASE.replace(tau=1.5),  # every head block-sparse: the sampled noise floor per row
     "block_sparse_capped": BASE.replace(tau=1.5, kappa=1.5, max_budget=128),  # max budget binds
     "crisp_gamma": BASE.replace(budget="cumulative"),
@@ -156,7 +158,7 @@ def test_crisp_cuda_dense_and_poison(device):
     assert torch.isnan(crisp_cuda(q, k, v, bad, 200, cfg)[0]).all()
 
 
-@pytest.mark.parametrize("tau,route", [(0.97, 1), (1.0, 2)])
+@pytest.mark.parametrize("tau,route", [(0.97, 1), (1.5, 2)])
 def test_pipeline_reads_only_what_it_wrote(device, tau, route):
     """The workspace comes from torch.empty: a plan must not depend on what a previous user left there. The
     same packed batch (varlen, partial last blocks; vertical-slash heads, then block-sparse ones)

@@ -8,7 +8,7 @@ from crisp_trt import CrispConfig
 from crisp_trt import reference as R
 from crisp_trt.workloads.synthetic import synthetic_qkv
 
-KEEP_ALL = CrispConfig(block_size=64, kappa=0.0, dense_below=0, max_budget=1 << 20, min_budget=0)
+KEEP_ALL = CrispConfig(block_size=64, kappa=0.0, coverage=0.0, dense_below=0, max_budget=1 << 20, min_budget=0)
 
 
 def _rand(n, heads=4, kv_heads=2, d=32, seed=0):
@@ -102,25 +102,62 @@ def test_dense_below_routes_dense():
 
 
 def test_coverage_halves_kappa_until_cstruct_reaches_it():
-    """coverage: a head keeps the first kappa of the ladder (kappa, kappa/2, ...) whose C_struct reaches
-    coverage, else the last; coverage = 0 is the fixed-kappa rule. Lower kappa only adds blocks."""
+    """coverage: a head takes the first kappa of the ladder (kappa, kappa/2, ...) whose C_struct reaches
+    coverage, else the last; a head that reaches it is then trimmed by mass (a subset, still ≥ coverage),
+    one that never does keeps the last kappa's selection whole; coverage = 0 is the fixed-kappa rule
+    with no trim. Lower kappa only adds blocks. The route is decided before the trim."""
     q, k, _ = synthetic_qkv(1500, 6, 2, 64, seed=5)
     q, k = q[0], k[0]
     base = CrispConfig(block_size=64, dense_below=0, min_budget=0, kappa=16.0)
     est = R.estimate(q, k, base)
     fixed = {kappa: R.select_heads(est, q, k, base.replace(kappa=kappa, coverage=0.0)) for kappa in base.kappas()}
+    trimmed = 0
     for cov in (0.0, 0.9, 1.0):
         sel = R.select_heads(est, q, k, base.replace(coverage=cov))
         for h in range(q.shape[1]):
             ladder = base.replace(coverage=cov).kappas()
             first = next((kp for kp in ladder if fixed[kp].c_struct[h] >= cov), ladder[-1])
-            assert torch.equal(sel.columns[h], fixed[first].columns[h])
-            assert torch.equal(sel.distances[h], fixed[first].distances[h])
-            assert float(sel.c_struct[h]) == float(fixed[first].c_struct[h])
+            want = fixed[first]
+            assert int(sel.route[h]) == int(torch.where(want.c_struct[h] >= base.tau, 1, 2))
+            if cov == 0 or want.c_struct[h] < cov:
+                assert torch.equal(sel.columns[h], want.columns[h])
+                assert torch.equal(sel.distances[h], want.distances[h])
+                assert float(sel.c_struct[h]) == float(want.c_struct[h])
+            else:
+                assert torch.all(want.columns[h] | ~sel.columns[h]) and torch.all(want.distances[h] | ~sel.distances[h])
+                assert cov <= float(sel.c_struct[h]) <= float(want.c_struct[h])
+                trimmed += int(want.columns[h].sum() + want.distances[h].sum() - sel.columns[h].sum()
+                               - sel.distances[h].sum())
+    assert trimmed > 0, "the trim never dropped a block"
     lo, hi = fixed[16.0], fixed[2.0]
     assert torch.all(hi.columns | ~lo.columns) and torch.all(hi.distances | ~lo.distances)
     assert torch.all(hi.c_struct >= lo.c_struct)
     assert any(fixed[16.0].c_struct[h] < 0.9 for h in range(q.shape[1])), "the ladder is never exercised"
+
+
+def test_trim_drops_the_lightest_blocks_while_coverage_holds():
+    """trim_to_coverage keeps the heaviest kept columns and offsets (one mass threshold for both) that still
+    cover `coverage` of the last query block's window mass; the sink column and local offset stay; each of
+    the two keeps min(min_blocks, kept) candidates. A light block kept by the floor rule goes."""
+    vs = torch.tensor([0.30, 0.25, 0.02, 0.20, 0.01, 0.10, 0.05, 0.07])  # key blocks 0..7, the last is 7
+    ss = torch.tensor([0.50, 0.00, 0.00, 0.04, 0.00, 0.00, 0.00, 0.00])
+    columns = torch.tensor([True, True, True, True, True, False, False, False])  # sink 0, candidates 1-4 kept
+    offsets = torch.tensor([True, False, False, True, False, False, False, False])  # local 0 → blocks 7, 6
+    cfg = CrispConfig(block_size=64, coverage=0.85, min_budget=0)
+    assert float(R.covered_mass(vs, columns, offsets)) == pytest.approx(0.90)
+    cols, offs = R.trim_to_coverage(vs, ss, columns, offsets, 1, 1, cfg)
+    # by mass: column 1 (0.25) → 0.67, column 3 (0.20) → 0.87 ≥ 0.85: stop; columns 2, 4 and offset 3 go
+    assert cols.tolist() == [True, True, False, True, False, False, False, False]
+    assert offs.tolist() == [True] + [False] * 7
+    assert float(R.covered_mass(vs, cols, offs)) == pytest.approx(0.87)
+    # min budget of two blocks: the one kept offset (0.04) stays, so t = 0.04 and columns 2, 4 still go
+    cols, offs = R.trim_to_coverage(vs, ss, columns, offsets, 1, 1, cfg.replace(min_budget=128))
+    assert cols.tolist() == [True, True, False, True, False, False, False, False]
+    assert offs.tolist() == [True, False, False, True, False, False, False, False]
+    # at the selection's own C_struct only column 4 goes: offset 3's diagonal covers its key block too
+    full = float(R.covered_mass(vs, columns, offsets))
+    cols, offs = R.trim_to_coverage(vs, ss, columns, offsets, 1, 1, cfg.replace(coverage=full))
+    assert cols.tolist() == [True, True, True, True, False, False, False, False] and torch.equal(offs, offsets)
 
 
 def test_cap_ranks_by_mass():

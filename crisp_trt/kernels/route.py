@@ -5,7 +5,9 @@ blocks (sink always, candidates by bisect.thresholds) and offset blocks (local a
 into diagonal distances (offset block ob touches distances ob and ob + 1), writes both as bool maps
 and as compact ascending lists for select, then C_struct = Σ vsum over the key blocks the last query
 block attends; while C_struct < coverage, kappa halves and the selection is redone (≤ `steps` kappas,
-CrispConfig.kappas); then route = C_struct ≥ tau. With JSD routing, route_jsd_kernel (same grid, launched next)
+CrispConfig.kappas); then route = C_struct ≥ tau; then, under the floor rule, a head whose C_struct reached
+coverage drops its lightest kept columns and offsets while C_struct stays ≥ coverage (`_trim`, one mass
+threshold found by bisection: reference.trim_to_coverage). With JSD routing, route_jsd_kernel (same grid, launched next)
 overwrites the route with sqrt(JSD(vsum, pooled-Q·K)) ≥ tau. Sequences below dense_below get route 0
 (dense) and dense[s] = 1.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .bisect import keep_rule, thresholds
+from .bisect import INF_BITS, keep_rule, thresholds
 from .bounds import seq_bounds
 from .launch import kernel
 
@@ -107,6 +109,91 @@ def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, 
     return tl.sqrt(tl.maximum(0.5 * kl, 0.0))
 
 
+@triton.jit
+def _diagonals_cstruct(keep_c_ptr, keep_o_ptr, keep_d_ptr, vsum_ptr, base, nb, C: tl.constexpr):
+    """Distances from the offset map (offset block ob touches distances ob and ob + 1), then C_struct =
+    Σ vsum over the last query block's key blocks: kept columns ∪ kept distances (clamped to [0, 1])."""
+    t0 = 0
+    while t0 < nb:
+        jj = t0 + tl.arange(0, C)
+        here = tl.load(keep_o_ptr + base + jj, mask=jj < nb, other=0)
+        prev = tl.load(keep_o_ptr + base + jj - 1, mask=(jj >= 1) & (jj < nb), other=0)
+        tl.store(keep_d_ptr + base + jj, here | prev, mask=jj < nb)
+        t0 += C
+    tl.debug_barrier()
+    c_struct = 0.0
+    t0 = 0
+    while t0 < nb:
+        jj = t0 + tl.arange(0, C)
+        col = tl.load(keep_c_ptr + base + jj, mask=jj < nb, other=0)
+        diag = tl.load(keep_d_ptr + base + (nb - 1 - jj), mask=jj < nb, other=0)
+        v = tl.load(vsum_ptr + base + jj, mask=jj < nb, other=0.0)
+        c_struct += tl.sum(tl.where((col | diag) != 0, v, 0.0), 0)
+        t0 += C
+    tl.debug_barrier()
+    return tl.minimum(tl.maximum(c_struct, 0.0), 1.0)
+
+
+@triton.jit
+def _above(keep_ptr, mass_ptr, base, j, nb, lo, t_bits):
+    """Whether entry j of a keep map stays under threshold bits t: kept, and always (j < lo) or mass ≥ t;
+    also whether it is a kept candidate that stays (counted against the min budget)."""
+    ok = (j >= 0) & (j < nb)
+    kept = tl.load(keep_ptr + base + j, mask=ok, other=0) != 0
+    heavy = tl.load(mass_ptr + base + j, mask=ok, other=0.0).to(tl.int32, bitcast=True) >= t_bits
+    return kept & ((j < lo) | heavy), kept & (j >= lo) & heavy
+
+
+@triton.jit
+def _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, t_bits, C: tl.constexpr):
+    """Under threshold bits t: (the last query block's covered vsum, kept candidate columns, offsets)."""
+    covered = 0.0
+    n_c = 0
+    n_o = 0
+    t0 = 0
+    while t0 < nb:
+        jj = t0 + tl.arange(0, C)
+        dist = nb - 1 - jj  # key block jj of the last query block sits at distance dist: offsets dist, dist − 1
+        col, col_cand = _above(keep_c_ptr, vsum_ptr, base, jj, nb, v_lo, t_bits)
+        off, off_cand = _above(keep_o_ptr, ssum_ptr, base, dist, nb, s_lo, t_bits)
+        off_prev = _above(keep_o_ptr, ssum_ptr, base, dist - 1, nb, s_lo, t_bits)[0]
+        v = tl.load(vsum_ptr + base + jj, mask=jj < nb, other=0.0)
+        covered += tl.sum(tl.where((jj < nb) & (col | off | off_prev), v, 0.0), 0)
+        n_c += tl.sum((col_cand & (jj < nb)).to(tl.int32), 0)
+        n_o += tl.sum((off_cand & (jj < nb)).to(tl.int32), 0)
+        t0 += C
+    return covered, n_c, n_o
+
+
+@triton.jit
+def _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, coverage, min_blocks,
+          C: tl.constexpr):
+    """The mass-ordered stop (reference.trim_to_coverage): the largest t, by bisection on f32 bits, under
+    which the kept columns (vsum ≥ t) and offsets (ssum ≥ t) still cover `coverage` and each keeps
+    min(min_blocks, kept) candidates; then drops the candidates below t from both keep maps."""
+    zero_bits = tl.zeros([1], tl.int32)
+    whole = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, zero_bits, C)
+    need_c = tl.minimum(min_blocks, whole[1])
+    need_o = tl.minimum(min_blocks, whole[2])
+    lo_b = zero_bits
+    hi_b = zero_bits + INF_BITS
+    for _ in range(31):
+        mid = lo_b + (hi_b - lo_b + 1) // 2
+        covered, n_c, n_o = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, mid, C)
+        holds = (covered >= coverage) & (n_c >= need_c) & (n_o >= need_o)
+        lo_b = tl.where(holds, mid, lo_b)
+        hi_b = tl.where(holds, hi_b, mid - 1)
+    tl.debug_barrier()
+    t0 = 0
+    while t0 < nb:
+        jj = t0 + tl.arange(0, C)
+        col = _above(keep_c_ptr, vsum_ptr, base, jj, nb, v_lo, lo_b)[0]
+        off = _above(keep_o_ptr, ssum_ptr, base, jj, nb, s_lo, lo_b)[0]
+        tl.store(keep_c_ptr + base + jj, col.to(tl.int8), mask=jj < nb)
+        tl.store(keep_o_ptr + base + jj, off.to(tl.int8), mask=jj < nb)
+        t0 += C
+
+
 @kernel
 def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, keep_o_ptr, keep_d_ptr, cols_ptr,
                  ncols_ptr, dists_ptr, ndists_ptr, cstruct_ptr, route_ptr, dense_ptr, kappa, quantile, gamma, tau,
@@ -143,31 +230,18 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, kee
         _keep_blocks(ssum_ptr, smax_ptr, base, s_lo, s_hi, s_lo, nb, width_last, kappa_j, quantile, gamma,
                      min_blocks, max_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C)
         tl.debug_barrier()
-        t0 = 0
-        while t0 < nb:  # distances: offset block ob touches distances ob and ob + 1
-            jj = t0 + tl.arange(0, C)
-            here = tl.load(keep_o_ptr + base + jj, mask=jj < nb, other=0)
-            prev = tl.load(keep_o_ptr + base + jj - 1, mask=(jj >= 1) & (jj < nb), other=0)
-            tl.store(keep_d_ptr + base + jj, here | prev, mask=jj < nb)
-            t0 += C
-        tl.debug_barrier()
-        c_struct = 0.0
-        t0 = 0
-        while t0 < nb:  # the last query block's key blocks: kept columns ∪ kept distances
-            jj = t0 + tl.arange(0, C)
-            col = tl.load(keep_c_ptr + base + jj, mask=jj < nb, other=0)
-            diag = tl.load(keep_d_ptr + base + (nb - 1 - jj), mask=jj < nb, other=0)
-            v = tl.load(vsum_ptr + base + jj, mask=jj < nb, other=0.0)
-            c_struct += tl.sum(tl.where((col | diag) != 0, v, 0.0), 0)
-            t0 += C
-        c_struct = tl.minimum(tl.maximum(c_struct, 0.0), 1.0)
-        tl.debug_barrier()
+        c_struct = _diagonals_cstruct(keep_c_ptr, keep_o_ptr, keep_d_ptr, vsum_ptr, base, nb, C)
         kappa_j = kappa_j * 0.5
         j += 1
+    tl.store(route_ptr + row, tl.where(c_struct >= tau, 1, 2))  # decided before the trim
+    if FLOOR:
+        if (coverage > 0) & (c_struct >= coverage):
+            _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, coverage, min_blocks, C)
+            tl.debug_barrier()
+            c_struct = _diagonals_cstruct(keep_c_ptr, keep_o_ptr, keep_d_ptr, vsum_ptr, base, nb, C)
     tl.store(ncols_ptr + row, _compact(keep_c_ptr, base, nb, cols_ptr, row.to(tl.int64) * MAXC, C))
     tl.store(ndists_ptr + row, _compact(keep_d_ptr, base, nb, dists_ptr, row.to(tl.int64) * MAXD, C))
     tl.store(cstruct_ptr + row, c_struct)
-    tl.store(route_ptr + row, tl.where(c_struct >= tau, 1, 2))
 
 
 @kernel
