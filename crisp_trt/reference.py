@@ -10,7 +10,9 @@ select    noise floor = floor_quantile of the candidate block means (sink and lo
           keep a block iff its max > kappa · floor (or, budget="cumulative", by mass until gamma),
           then min/max budgets (top-k by the same score, truncated to max in ascending order).
 route     C_struct = vertical mass of the key blocks the selection attends for the last query block;
-          vertical-slash iff C_struct ≥ tau (routing="jsd": iff sqrt(JSD(vsum, pooled)) ≥ tau).
+          kappa halves while C_struct < coverage; vertical-slash iff C_struct ≥ tau (routing="jsd": iff
+          sqrt(JSD(vsum, pooled)) ≥ tau); then a head that reached coverage keeps only its heaviest
+          columns and offsets that still cover it (trim_to_coverage).
 attend    per query block: vertical-slash → kept column blocks ∪ {qb - x : x ∈ kept distances};
           block-sparse → pooled-Q·pooled-K row selection; always the sink, local and diagonal blocks.
 """
