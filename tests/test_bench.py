@@ -105,6 +105,26 @@ def test_accuracy_tiny(tmp_path, monkeypatch):
         d = next(x for x in dense if x["depth"] == c["depth"])
         assert c["accuracy"] - d["accuracy"] == pytest.approx((c["gained"] - c["lost"]) / c["trials"])
     assert (tmp_path / "accuracy_crisp.png").exists()
+    ppl = {p["method"]: p["perplexity"] for p in data["perplexity"]}
+    assert set(ppl) == set(methods) and all(1.0 < x < float("inf") for x in ppl.values())
+    assert ppl["dense_eager"] == pytest.approx(ppl["dense"], rel=1e-4)
+    only = accuracy.run_accuracy(lengths=(256,), depths=(), methods=("dense", "crisp"), model=model, tok=tok,
+                                 base=CrispConfig(block_size=64, dense_below=0, min_budget=64))  # --no-retrieval
+    assert only["cells"] == [] and {p["method"]: p["perplexity"] for p in only["perplexity"]} == pytest.approx(
+        {m: ppl[m] for m in ("dense", "crisp")}, rel=1e-6)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--methods", "dense,sparse"], "--methods"),
+    (["--trials", "0"], "--trials"),
+    (["--depths", "0,1.5"], "--depths"),
+    (["--no-retrieval", "--no-perplexity"], "--no-retrieval"),
+])
+def test_accuracy_cli_rejects_bad_arguments_before_loading(argv, named, capsys):
+    """Each bad value exits with status 2 and a line naming its argument (no model is loaded: --model is bogus)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["accuracy", "--model", "/nonexistent.gguf", *argv])
+    assert exc.value.code == 2 and named in capsys.readouterr().err
 
 
 def test_same_budget_oracle_against_brute_force():

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..config import METHODS as CONFIG_METHODS
+
 
 def _lens(s: str):
     from ..lengths import parse_length
@@ -89,6 +91,16 @@ def cmd_accuracy(args):
 
     lengths, depths = _lens(args.lengths), tuple(float(x) for x in args.depths.split(","))
     methods = tuple(args.methods.split(","))
+    known = ("dense", *CONFIG_METHODS, *accuracy.CONTROLS)
+    if not set(methods) <= set(known):
+        raise ValueError(f"--methods: unknown {sorted(set(methods) - set(known))}; expected a comma list of "
+                         f"{', '.join(known)}")
+    if args.no_retrieval and args.no_perplexity:
+        raise ValueError("--no-retrieval with --no-perplexity leaves nothing to measure; drop one of them")
+    if args.no_retrieval:
+        depths = ()
+    elif args.trials < 1 or not all(0.0 <= d <= 1.0 for d in depths):
+        raise ValueError(f"--trials must be ≥ 1 (got {args.trials}) and --depths in [0, 1] (got {args.depths})")
     total = len(lengths) * len(depths) * args.trials * len(set(methods) | {"dense"})
     with _bar(total, "accuracy") as bar:
         res = accuracy.run_accuracy(lengths=lengths, depths=depths, trials=args.trials, methods=methods,
@@ -152,6 +164,7 @@ def main(argv=None):
                    help="comma list of dense, crisp, flexprefill, crisp_gamma, crisp_jsd and the control dense_eager "
                         "(default: %(default)s)")
     a.add_argument("--no-perplexity", action="store_true", help="skip the held-out perplexity")
+    a.add_argument("--no-retrieval", action="store_true", help="perplexity only: skip the retrieval cells")
     a.set_defaults(fn=cmd_accuracy)
     for s in (o, a):
         s.add_argument("--model", default=None, help="real model: GGUF file or HF directory (default: bundled SmolLM2)")
