@@ -161,7 +161,7 @@ def main(argv=None):
                    help="comma list of needle depths, fractions of the filler in [0, 1] (default: %(default)s)")
     a.add_argument("--trials", type=int, default=30, help="trials per length × depth cell (default: %(default)s)")
     a.add_argument("--methods", default="dense,crisp,flexprefill",
-                   help="comma list of dense, crisp, flexprefill, crisp_gamma, crisp_jsd and the control dense_eager "
+                   help=f"comma list of dense, {', '.join(CONFIG_METHODS)} and the control dense_eager "
                         "(default: %(default)s)")
     a.add_argument("--no-perplexity", action="store_true", help="skip the held-out perplexity")
     a.add_argument("--no-retrieval", action="store_true", help="perplexity only: skip the retrieval cells")
