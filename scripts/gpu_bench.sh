@@ -2,6 +2,7 @@
 # Issues 3 + 5 on one H200: crisp-bench op (synthetic, real Q/K/V), accuracy, e2e; short table printed last.
 #   STEPS=op    bash scripts/gpu_bench.sh "$OUT"   # synthetic op, ~5 min      (carry .stage/smollm2.part.aa + .sha256)
 #   STEPS=model bash scripts/gpu_bench.sh "$OUT"   # real op/accuracy/e2e, ~5 min (carry .stage/smollm2.part.ab + .sha256 + gguf wheel)
+# OP_WORKLOADS: the op steps' synthetic workloads (default synthetic,synthetic_plain; synthetic_classes too).
 # ACC_TRIALS / ACC_METHODS / ACC_LIMIT: the accuracy step's trials per cell, methods (add dense_eager, the
 # dense-vs-dense control) and time limit; SWEEP_ARGS: extra e2e_sweep.py arguments (--trials, --variants).
 # Model steps one by one: STEPS=op_real,accuracy,e2e,sweep (model = the first three; sweep = scripts/e2e_sweep.py,
@@ -41,7 +42,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$WOR
   || echo "pip install -e . failed (see results/install.log); crisp_trt.builder will not import"
 
 if want op; then
-  SYN=synthetic,synthetic_plain
+  SYN=${OP_WORKLOADS:-synthetic,synthetic_plain}
   step op_llama 110 python3 -m crisp_trt.bench.cli op --shapes llama3_8b --lengths 4k,8k,32k,128k --workloads $SYN --device cuda --out "$WORK/op_llama" --no-plots
   step op_smollm2 80 python3 -m crisp_trt.bench.cli op --shapes smollm2 --lengths 8k,32k,128k,512k --workloads $SYN --device cuda --out "$WORK/op_smollm2" --no-plots
   step op_llama_512k 150 python3 -m crisp_trt.bench.cli op --shapes llama3_8b --lengths 512k --workloads $SYN --device cuda --out "$WORK/op_llama_512k" --no-plots
