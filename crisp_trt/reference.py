@@ -40,7 +40,8 @@ class Estimate:
 
 @dataclass
 class HeadSelection:
-    """Per head: kept column blocks and kept diagonal distances (bool [H, NB]), C_struct, JSD, route."""
+    """Per head: kept column blocks and kept diagonal distances (bool [H, NB]), C_struct (the ladder's,
+    before the trim: the value the route compares with tau), JSD, route."""
 
     columns: torch.Tensor
     distances: torch.Tensor
@@ -231,7 +232,6 @@ def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConf
     columns[:, :v_lo] = True
     offsets = torch.zeros(nb, dtype=torch.bool)
     offsets[:s_lo] = True
-    c_ladder = torch.zeros(heads)
     for h in range(heads):
         vs, vm, ss, sm = est.vsum[h], est.vmax[h], est.ssum[h], est.smax[h]
         vs_cpu = vs.cpu()
@@ -244,14 +244,12 @@ def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConf
             c_struct[h] = covered_mass(vs_cpu, columns[h], offsets)
             if c_struct[h] >= cfg.coverage:
                 break
-        c_ladder[h] = c_struct[h]
-        if cfg.budget == "floor" and 0 < cfg.coverage <= c_struct[h]:
+        if cfg.budget == "floor" and 0 < cfg.coverage <= c_struct[h]:  # C_struct stays the ladder's: it routes
             columns[h], offsets = trim_to_coverage(vs_cpu, ss.cpu(), columns[h], offsets, v_lo, s_lo, cfg)
-            c_struct[h] = covered_mass(vs_cpu, columns[h], offsets)
         distances[h] = diagonals(offsets)
         p_est = torch.softmax(pooled_k[:, h].cpu() @ pooled_q[h].cpu() / math.sqrt(d), 0)
         jsd[h] = jsd_distance(vs_cpu, p_est)
-    score = c_ladder if cfg.routing == "struct" else jsd  # the route is decided before the trim
+    score = c_struct if cfg.routing == "struct" else jsd  # the route is decided before the trim
     route = torch.where(score >= cfg.tau, ROUTE_VERTICAL_SLASH, ROUTE_BLOCK_SPARSE)
     return HeadSelection(columns, distances, c_struct, jsd, route)
 

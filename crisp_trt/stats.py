@@ -10,8 +10,9 @@ ROUTE_NAMES = {0: "dense", 1: "vertical_slash", 2: "block_sparse"}
 
 @dataclass
 class CrispStats:
-    """route [S, H] (0 dense, 1 vertical-slash, 2 block-sparse), c_struct [S, H], density [S, H]:
-    the fraction of causal blocks attended."""
+    """route [S, H] (0 dense, 1 vertical-slash, 2 block-sparse), c_struct [S, H] (the structural coverage
+    that routed the head: vertical-slash iff ≥ tau; taken before the trim), density [S, H]: the fraction
+    of causal blocks attended."""
 
     route: torch.Tensor
     c_struct: torch.Tensor

@@ -80,6 +80,7 @@ PIPELINE_CONFIGS = {
     "crisp_full_ladder": BASE.replace(coverage=1.0),  # every head down to kappa / 8
     "crisp_trim": BASE.replace(coverage=0.9, kappa=2.0),  # the trim drops columns and offsets in every head
     "crisp_trim_min_binds": BASE.replace(coverage=0.9, kappa=2.0, min_budget=384),  # ... fewer: 6-block minimum
+    "crisp_trim_below_tau": BASE.replace(coverage=0.5, kappa=2.0, tau=0.9),  # trimmed VS heads cover < tau
     "block_sparse": BASE.replace(tau=1.5),  # every head block-sparse: the sampled noise floor per row
     "block_sparse_capped": BASE.replace(tau=1.5, kappa=1.5, max_budget=128),  # max budget binds
     "crisp_gamma": BASE.replace(budget="cumulative"),
@@ -116,6 +117,8 @@ def _plan_vs_reference(device, cfg, lens, heads, kv_heads, d, dtype, seed=4):
                     assert bool((row < qb).all()) and row.unique().numel() == row.numel()
         assert torch.equal(p.route[s].cpu().long(), route.long())
         assert torch.allclose(p.c_struct[s].cpu(), c_struct.float(), atol=1e-3)
+        if cfg.routing == "struct" and n >= max(cfg.dense_below, 1):  # C_struct is the value that routed
+            assert torch.equal(p.route[s].cpu().long(), torch.where(p.c_struct[s].cpu() >= cfg.tau, 1, 2))
         assert torch.allclose(p.density[s].cpu(), dens.float(), atol=0.01)
         assert torch.isfinite(out[a:b]).all()
         assert _rel(out[a:b], want) < 1e-2

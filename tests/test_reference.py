@@ -125,7 +125,9 @@ def test_coverage_halves_kappa_until_cstruct_reaches_it():
                 assert float(sel.c_struct[h]) == float(want.c_struct[h])
             else:
                 assert torch.all(want.columns[h] | ~sel.columns[h]) and torch.all(want.distances[h] | ~sel.distances[h])
-                assert cov <= float(sel.c_struct[h]) <= float(want.c_struct[h])
+                assert float(sel.c_struct[h]) == float(want.c_struct[h])  # the ladder's, which routed
+                covered = _covered(est, sel, h)
+                assert cov <= covered <= float(want.c_struct[h]) + 1e-6
                 trimmed += int(want.columns[h].sum() + want.distances[h].sum() - sel.columns[h].sum()
                                - sel.distances[h].sum())
     assert trimmed > 0, "the trim never dropped a block"
@@ -133,6 +135,28 @@ def test_coverage_halves_kappa_until_cstruct_reaches_it():
     assert torch.all(hi.columns | ~lo.columns) and torch.all(hi.distances | ~lo.distances)
     assert torch.all(hi.c_struct >= lo.c_struct)
     assert any(fixed[16.0].c_struct[h] < 0.9 for h in range(q.shape[1])), "the ladder is never exercised"
+
+
+def _covered(est, sel, h):
+    """The mass the (trimmed) selection of head h covers on the last query block's key blocks."""
+    nb = est.vsum.shape[1]
+    union = R.vertical_slash_union(sel.columns[h], sel.distances[h], nb - 1)
+    return float(est.vsum[h][union].sum().clamp(0, 1))
+
+
+@pytest.mark.parametrize("tau", [0.7, 0.9])
+def test_route_is_vertical_slash_iff_reported_cstruct_reaches_tau_when_coverage_below_tau(tau):
+    """With coverage < tau the trim can leave a vertical-slash head covering less than tau; the reported
+    C_struct is the ladder's (the value that routed it), so route == VS iff C_struct >= tau still holds."""
+    q, k, _ = synthetic_qkv(1500, 6, 2, 64, seed=5)
+    q, k = q[0], k[0]
+    cfg = CrispConfig(block_size=64, dense_below=0, min_budget=0, kappa=2.0, coverage=0.5, tau=tau)
+    est = R.estimate(q, k, cfg)
+    sel = R.select_heads(est, q, k, cfg)
+    want = torch.where(sel.c_struct >= tau, R.ROUTE_VERTICAL_SLASH, R.ROUTE_BLOCK_SPARSE)
+    assert torch.equal(sel.route, want)
+    below = [h for h in range(q.shape[1]) if sel.route[h] == R.ROUTE_VERTICAL_SLASH and _covered(est, sel, h) < tau]
+    assert below, "no vertical-slash head was trimmed below tau: the case is not exercised"
 
 
 def test_trim_drops_the_lightest_blocks_while_coverage_holds():

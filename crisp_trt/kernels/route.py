@@ -110,9 +110,8 @@ def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, 
 
 
 @triton.jit
-def _diagonals_cstruct(keep_c_ptr, keep_o_ptr, keep_d_ptr, vsum_ptr, base, nb, C: tl.constexpr):
-    """Distances from the offset map (offset block ob touches distances ob and ob + 1), then C_struct =
-    Σ vsum over the last query block's key blocks: kept columns ∪ kept distances (clamped to [0, 1])."""
+def _diagonals(keep_o_ptr, keep_d_ptr, base, nb, C: tl.constexpr):
+    """Distances from the offset map: offset block ob touches distances ob and ob + 1."""
     t0 = 0
     while t0 < nb:
         jj = t0 + tl.arange(0, C)
@@ -121,6 +120,13 @@ def _diagonals_cstruct(keep_c_ptr, keep_o_ptr, keep_d_ptr, vsum_ptr, base, nb, C
         tl.store(keep_d_ptr + base + jj, here | prev, mask=jj < nb)
         t0 += C
     tl.debug_barrier()
+
+
+@triton.jit
+def _diagonals_cstruct(keep_c_ptr, keep_o_ptr, keep_d_ptr, vsum_ptr, base, nb, C: tl.constexpr):
+    """_diagonals, then C_struct = Σ vsum over the last query block's key blocks: kept columns ∪ kept
+    distances (clamped to [0, 1])."""
+    _diagonals(keep_o_ptr, keep_d_ptr, base, nb, C)
     c_struct = 0.0
     t0 = 0
     while t0 < nb:
@@ -238,10 +244,10 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, kee
         if (coverage > 0) & (c_struct >= coverage):
             _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, coverage, min_blocks, C)
             tl.debug_barrier()
-            c_struct = _diagonals_cstruct(keep_c_ptr, keep_o_ptr, keep_d_ptr, vsum_ptr, base, nb, C)
+            _diagonals(keep_o_ptr, keep_d_ptr, base, nb, C)
     tl.store(ncols_ptr + row, _compact(keep_c_ptr, base, nb, cols_ptr, row.to(tl.int64) * MAXC, C))
     tl.store(ndists_ptr + row, _compact(keep_d_ptr, base, nb, dists_ptr, row.to(tl.int64) * MAXD, C))
-    tl.store(cstruct_ptr + row, c_struct)
+    tl.store(cstruct_ptr + row, c_struct)  # the ladder's C_struct, the one that routed the head
 
 
 @kernel
