@@ -119,12 +119,29 @@ def test_accuracy_tiny(tmp_path, monkeypatch):
     (["--trials", "0"], "--trials"),
     (["--depths", "0,1.5"], "--depths"),
     (["--no-retrieval", "--no-perplexity"], "--no-retrieval"),
+    (["--lengths", "64"], "--lengths"),
+    (["--methods", ""], "--methods"),
 ])
 def test_accuracy_cli_rejects_bad_arguments_before_loading(argv, named, capsys):
     """Each bad value exits with status 2 and a line naming its argument (no model is loaded: --model is bogus)."""
     with pytest.raises(SystemExit) as exc:
         main(["accuracy", "--model", "/nonexistent.gguf", *argv])
     assert exc.value.code == 2 and named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"methods": ("dense", "sparse")}, "methods"),
+    ({"trials": 0}, "trials"),
+    ({"depths": (0.0, 1.5)}, "depths"),
+    ({"lengths": (2048, 100)}, "lengths"),
+])
+def test_run_accuracy_rejects_bad_arguments_before_loading(kwargs, named):
+    """The Python entry point checks what the CLI checks, each error naming its argument, before any model
+    loads (model_path is bogus: reaching the loader would fail differently)."""
+    from crisp_trt.bench import accuracy
+
+    with pytest.raises(ValueError, match=rf"^{named}: "):
+        accuracy.run_accuracy(model_path="/nonexistent.gguf", **kwargs)
 
 
 def test_same_budget_oracle_against_brute_force():

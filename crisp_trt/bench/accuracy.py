@@ -23,11 +23,28 @@ import re
 
 import torch
 
+from ..config import METHODS as CONFIG_METHODS
 from ..config import CrispConfig, method_config
 from ..workloads.real import held_out_text, real_text
 
 METHODS = ("dense", "crisp", "flexprefill")
 CONTROLS = ("dense_eager",)  # dense attention through HF's eager kernels: the noise floor of a cell
+KNOWN = ("dense", *CONFIG_METHODS, *CONTROLS)
+MIN_LENGTH = 128
+
+
+def check_arguments(lengths, depths, trials, methods, flag: str = "") -> None:
+    """ValueError naming the first bad argument (flag + its name: "--" from the CLI), before any model loads."""
+    unknown = sorted(set(methods) - set(KNOWN))
+    if not methods or unknown:
+        raise ValueError(f"{flag}methods: unknown {unknown or 'empty list'}; expected some of {', '.join(KNOWN)}")
+    if not lengths or any(int(n) < MIN_LENGTH for n in lengths):  # room for the planted words and the cue
+        raise ValueError(f"{flag}lengths: expected token counts ≥ {MIN_LENGTH} (got {list(lengths)})")
+    if depths and trials < 1:
+        raise ValueError(f"{flag}trials: expected ≥ 1 (got {trials})")
+    bad = [d for d in depths if not 0.0 <= d <= 1.0]
+    if bad:
+        raise ValueError(f"{flag}depths: expected fractions in [0, 1] (got {bad})")
 
 
 def _word_pool(text: str) -> list[str]:
@@ -68,6 +85,7 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
     SmolLM2, or model_path) runs in bf16 on CUDA (the kernels' dtype), fp32 on the CPU."""
     from ..models import load_model
 
+    check_arguments(lengths, depths, trials, methods)
     base = base or CrispConfig()
     if model is None:
         cuda = device is not None and torch.device(device).type == "cuda"

@@ -90,17 +90,12 @@ def cmd_accuracy(args):
     from . import accuracy
 
     lengths, depths = _lens(args.lengths), tuple(float(x) for x in args.depths.split(","))
-    methods = tuple(args.methods.split(","))
-    known = ("dense", *CONFIG_METHODS, *accuracy.CONTROLS)
-    if not set(methods) <= set(known):
-        raise ValueError(f"--methods: unknown {sorted(set(methods) - set(known))}; expected a comma list of "
-                         f"{', '.join(known)}")
+    methods = tuple(x for x in args.methods.split(",") if x)
     if args.no_retrieval and args.no_perplexity:
         raise ValueError("--no-retrieval with --no-perplexity leaves nothing to measure; drop one of them")
     if args.no_retrieval:
         depths = ()
-    elif args.trials < 1 or not all(0.0 <= d <= 1.0 for d in depths):
-        raise ValueError(f"--trials must be ≥ 1 (got {args.trials}) and --depths in [0, 1] (got {args.depths})")
+    accuracy.check_arguments(lengths, depths, args.trials, methods, flag="--")
     total = len(lengths) * len(depths) * args.trials * len(set(methods) | {"dense"})
     with _bar(total, "accuracy") as bar:
         res = accuracy.run_accuracy(lengths=lengths, depths=depths, trials=args.trials, methods=methods,
