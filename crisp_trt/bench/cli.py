@@ -151,7 +151,8 @@ def main(argv=None):
                        description="Planted-word retrieval on real text with the real model, per length × needle depth "
                                    "cell, every method on the same prompts (fixed seeds), paired against dense; then "
                                    "perplexity on held-out text. bf16 on CUDA, fp32 on the CPU. JSON + heat maps.")
-    a.add_argument("--lengths", default="2k,4k,8k", help="comma list of prompt lengths in tokens (default: %(default)s)")
+    a.add_argument("--lengths", default="2k,4k,8k",
+                   help="comma list of prompt lengths in tokens, each ≥ 128 (default: %(default)s)")
     a.add_argument("--depths", default="0,0.25,0.5,0.75,1",
                    help="comma list of needle depths, fractions of the filler in [0, 1] (default: %(default)s)")
     a.add_argument("--trials", type=int, default=30, help="trials per length × depth cell (default: %(default)s)")
