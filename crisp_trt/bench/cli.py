@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import METHODS as CONFIG_METHODS
+from .accuracy import KNOWN as ACCURACY_METHODS
 
 
 def _lens(s: str):
@@ -157,8 +157,8 @@ def main(argv=None):
                    help="comma list of needle depths, fractions of the filler in [0, 1] (default: %(default)s)")
     a.add_argument("--trials", type=int, default=30, help="trials per length × depth cell (default: %(default)s)")
     a.add_argument("--methods", default="dense,crisp,flexprefill",
-                   help=f"comma list of dense, {', '.join(CONFIG_METHODS)} and the control dense_eager "
-                        "(default: %(default)s)")
+                   help=f"comma list of {', '.join(ACCURACY_METHODS)} (dense_eager: the dense-vs-dense control; "
+                        "default: %(default)s)")
     a.add_argument("--no-perplexity", action="store_true", help="skip the held-out perplexity")
     a.add_argument("--no-retrieval", action="store_true", help="perplexity only: skip the retrieval cells")
     a.set_defaults(fn=cmd_accuracy)
