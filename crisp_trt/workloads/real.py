@@ -56,33 +56,45 @@ def text_ids(tok, n: int, held_out: bool = False, offset: int = 0) -> torch.Tens
     return ids.repeat(reps)[offset: offset + n][None]
 
 
-def capture_qkv(n: int, layers=None, model=None, tok=None, held_out: bool = False, offset: int = 0):
-    """{layer: (q, k, v)} with q [1, n, H, d], k/v [1, n, H_kv, d] (post-RoPE, float32, CPU), of the text
-    from token `offset` on (text_ids)."""
+def capture(model, ids: torch.Tensor, layers=None, out_device="cpu", dtype=torch.float32) -> dict:
+    """{layer: (q, k, v)} of one forward of `model` on `ids` [1, n]: post-RoPE, q [1, n, H, d], k/v
+    [1, n, H_kv, d], moved to `out_device` / `dtype` as each layer runs (so long captures can stay on the
+    GPU in bf16). The one Q/K/V capture: the benchmarks and calibration both come through here. A
+    temporary attention implementation records what transformers passes to attention, then answers with
+    SDPA; the model's own implementation is restored afterwards."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    from ..models import load_model, set_attn_implementation
+    from ..models import set_attn_implementation
 
-    if model is None:
-        model, tok = load_model(attn_implementation="sdpa")
     wanted = set(range(model.config.num_hidden_layers)) if layers is None else set(layers)
     grabbed = {}
 
-    def capture(module, query, key, value, attention_mask, **kwargs):
+    def record(module, query, key, value, attention_mask, **kwargs):
         idx = getattr(module, "layer_idx", len(grabbed))
         if idx in wanted:
-            grabbed[idx] = tuple(t.detach().transpose(1, 2).float().cpu().contiguous() for t in (query, key, value))
+            grabbed[idx] = tuple(t.detach().transpose(1, 2).to(out_device, dtype).contiguous()
+                                 for t in (query, key, value))
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
-    AttentionInterface.register("crisp_capture", capture)
+    AttentionInterface.register("crisp_capture", record)
     AttentionMaskInterface.register("crisp_capture", sdpa_mask)
     before = model.config._attn_implementation
     set_attn_implementation(model, "crisp_capture")
     try:
         with torch.no_grad():
-            model(text_ids(tok, n, held_out, offset).to(model.device))
+            model(ids.to(model.device), use_cache=False, logits_to_keep=1)
     finally:
         set_attn_implementation(model, before)
     return grabbed
+
+
+def capture_qkv(n: int, layers=None, model=None, tok=None, held_out: bool = False, offset: int = 0):
+    """{layer: (q, k, v)} (post-RoPE, float32, CPU; see `capture`) of n tokens of real text from token
+    `offset` on (text_ids); the bundled SmolLM2 unless a model is given."""
+    from ..models import load_model
+
+    if model is None:
+        model, tok = load_model(attn_implementation="sdpa")
+    return capture(model, text_ids(tok, n, held_out, offset), layers)
