@@ -1,8 +1,9 @@
 """The artifact directory: load → (calibrate) → save HF weights + config.json with the CRISP section.
 
 DIR/config.json is the model's HF config plus a "crisp" section:
-  {"format": 1, "backend", "max_seq", "dtype", "source", "config": CrispConfig.to_dict(),
+  {"format", "backend", "max_seq", "dtype", "source", "config": CrispConfig.to_dict(),
    "layers": [{"kappa", "tau"} per layer], "calibration": {...}}
+"format" is crisp_trt.runtime.FORMAT, the one version the runtime reads (it refuses others, saying to rebuild).
 DIR/*.safetensors (model dtype), tokenizer files; tensorrt backend adds DIR/trtllm_ckpt/ and DIR/engines/.
 """
 from __future__ import annotations
@@ -15,8 +16,7 @@ from pathlib import Path
 import torch
 
 from crisp_trt.config import CrispConfig
-
-FORMAT = 1
+from crisp_trt.runtime import FORMAT
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 

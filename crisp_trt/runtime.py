@@ -3,7 +3,10 @@
 HF transformers underneath, with crisp_trt.hf's "crisp" attention: prefill (query length == key length,
 no padding) goes through crisp_trt.crisp_prefill_attention with the artifact's per-layer calibrated
 config (hf.set_crisp_config with one config per layer); decode steps use SDPA.
-`crisp-run DIR --prompt ...` prints the completion and the TTFT.
+`crisp-run DIR --prompt ...` prints the completion and the TTFT; `--tp N` splits the heads (and the MLP)
+across N processes it starts itself (crisp_trt.tp: TensorRT-LLM's sharding rule, NCCL on GPUs, gloo on the
+CPU). An artifact carries a format version (FORMAT, written by builder/artifact.py); `read_crisp` refuses a
+missing or unknown one with the command that rebuilds it.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import argparse
 import functools
 import inspect
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -18,16 +22,23 @@ from pathlib import Path
 
 import torch
 
+from . import tp as tensor_parallel
 from .config import CrispConfig
+
+FORMAT = 1  # the artifact format this runtime reads; builder/artifact.py writes it into config.json["crisp"]
 
 
 @dataclass
 class Generation:
+    """A greedy completion: text, token ids, TTFT and total seconds, prompt length, and the prefill's
+    last-position logits (float32 [vocab], on the CPU) for comparing runs."""
+
     text: str
     token_ids: list
     ttft_s: float
     total_s: float
     prompt_tokens: int
+    logits: torch.Tensor | None = None
 
 
 class CrispModel:
@@ -64,41 +75,64 @@ class CrispModel:
             ids = self.tokenizer(prompt, return_tensors="pt").input_ids
         return ids.to(self.device)
 
-    def generate_ids(self, input_ids: torch.Tensor, max_new_tokens: int = 32) -> tuple[list, float, float]:
-        """Greedy decoding; returns (new token ids, TTFT seconds, total seconds)."""
+    def generate_ids(self, input_ids: torch.Tensor, max_new_tokens: int = 32,
+                     keep_logits: bool = False) -> tuple[list, float, float] | tuple[list, float, float, torch.Tensor]:
+        """Greedy decoding; returns (new token ids, TTFT seconds, total seconds), plus the prefill's
+        last-position logits with keep_logits. Under tensor parallelism every rank calls it with the same ids;
+        the ranks start together and take rank 0's token at each step."""
         sync = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
+        distributed = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        if distributed:
+            torch.distributed.barrier()
         sync()
         t0 = time.perf_counter()
-        steps = greedy_steps(self.model, input_ids, max_new_tokens, self.tokenizer.eos_token_id)
-        new = [next(steps)[0]]  # the prefill and its token
+        steps = greedy_steps(self.model, input_ids, max_new_tokens, self.tokenizer.eos_token_id,
+                             pick=_rank0_argmax if distributed else None)
+        first, logits = next(steps)  # the prefill and its token
+        new = [first]
         sync()
         ttft = time.perf_counter() - t0
         new += [token for token, _ in steps]
         sync()
-        return new, ttft, time.perf_counter() - t0
+        timing = (new, ttft, time.perf_counter() - t0)
+        return (*timing, logits.cpu()) if keep_logits else timing
 
-    def generate(self, prompt: str, max_new_tokens: int = 32, chat: bool = False) -> Generation:
-        ids = self.encode(prompt, chat)
-        new, ttft, total = self.generate_ids(ids, max_new_tokens)
+    def generate(self, prompt: str | torch.Tensor, max_new_tokens: int = 32, chat: bool = False) -> Generation:
+        """Greedy completion of a prompt (text, or token ids [1, n])."""
+        ids = prompt.to(self.device) if isinstance(prompt, torch.Tensor) else self.encode(prompt, chat)
+        new, ttft, total, logits = self.generate_ids(ids, max_new_tokens, keep_logits=True)
         text = self.tokenizer.decode(new, skip_special_tokens=True)
-        return Generation(text, new, ttft, total, int(ids.shape[1]))
+        return Generation(text, new, ttft, total, int(ids.shape[1]), logits)
+
+
+def _rank0_argmax(logits: torch.Tensor) -> int:
+    """The greedy token as rank 0 picks it, on every rank (the ranks' logits agree; this makes sure)."""
+    token = logits.argmax().reshape(1)
+    if torch.distributed.get_backend() == "nccl":
+        token = token.to(torch.device("cuda", torch.cuda.current_device()))
+    torch.distributed.broadcast(token, src=0)
+    return int(token)
 
 
 @functools.cache
-def _cache_argument(model_class) -> str:
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+def _forward_arguments(model_class) -> frozenset:
+    return frozenset(inspect.signature(model_class.forward).parameters)
 
 
 @torch.no_grad()  # torch's decorator re-enters no_grad around each resume, so the caller keeps its mode
-def greedy_steps(model, ids: torch.Tensor, max_new_tokens: int, eos: int | None = None):
+def greedy_steps(model, ids: torch.Tensor, max_new_tokens: int, eos: int | None = None, pick=None):
     """Greedy decoding of one sequence with an HF causal LM, one step at a time: yields (token, that step's
     logits as float [vocab]); stops after eos or max_new_tokens. The KV cache travels under the forward's
-    own argument name (`cache` in transformers 5, `past_key_values` before)."""
-    cache = _cache_argument(type(model))
-    out = model(input_ids=ids, use_cache=True)
+    own argument name (`cache` in transformers 5, `past_key_values` before); the prefill computes the last
+    position's logits only (`logits_to_keep`: all of them would be n × vocab floats, 80 GB at 128k for
+    Qwen2.5). pick(logits) → token replaces the argmax (tensor parallelism: rank 0's)."""
+    arguments = _forward_arguments(type(model))
+    cache = "cache" if "cache" in arguments else "past_key_values"
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in arguments else {}
+    out = model(input_ids=ids, use_cache=True, **last_only)
     for step in range(max_new_tokens):
         logits = out.logits[0, -1].float()
-        token = int(logits.argmax())
+        token = pick(logits) if pick else int(logits.argmax())
         yield token, logits
         if token == eos or step + 1 == max_new_tokens:
             return
@@ -107,11 +141,18 @@ def greedy_steps(model, ids: torch.Tensor, max_new_tokens: int, eos: int | None 
 
 
 def read_crisp(artifact_dir) -> dict:
-    """The "crisp" section of an artifact's config.json (builder/artifact.py writes it)."""
+    """The "crisp" section of an artifact's config.json (builder/artifact.py writes it), after checking that
+    its format version is the one this runtime reads."""
     cfg = json.loads((Path(artifact_dir) / "config.json").read_text())
     if "crisp" not in cfg:
         raise ValueError(f"{artifact_dir}/config.json has no 'crisp' section: not a crisp-build artifact")
-    return cfg["crisp"]
+    crisp = cfg["crisp"]
+    version = crisp.get("format")
+    if version != FORMAT:
+        found = "has no format version" if version is None else f"has format {version!r}"
+        raise ValueError(f"{artifact_dir}/config.json {found}; this crisp-run reads format {FORMAT}. Rebuild the "
+                         f"artifact with this version: crisp-build --model CHECKPOINT --output {artifact_dir}")
+    return crisp
 
 
 def layer_configs(crisp: dict) -> list[CrispConfig]:
@@ -120,17 +161,63 @@ def layer_configs(crisp: dict) -> list[CrispConfig]:
     return [base.replace(kappa=float(l["kappa"]), tau=float(l["tau"])) for l in crisp["layers"]]
 
 
-def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtype=None) -> CrispModel:
-    """Load a crisp-build torch artifact directory (a half-precision model keeps float32 logits:
-    models.Float32Logits)."""
-    from .models import load_model
-
+def _require_artifact(artifact_dir) -> Path:
     path = Path(artifact_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json: not a crisp-build artifact (run crisp-build --output {path})")
+    return path
+
+
+def check_tp(artifact_dir, tp) -> None:
+    """ValueError naming --tp unless the artifact's model splits tp ways (crisp_trt.tp's rule)."""
+    cfg = json.loads((Path(artifact_dir) / "config.json").read_text())
+    tensor_parallel.check(tp, *tensor_parallel.model_shape(cfg.get("text_config") or cfg))
+
+
+def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtype=None, tp: int = 1,
+         rank: int = 0) -> CrispModel:
+    """Load a crisp-build torch artifact directory (a half-precision model keeps float32 logits:
+    models.Float32Logits). tp > 1: rank `rank`'s shard (crisp_trt.tp.shard_model; torch.distributed must be
+    initialised, as generate_tp does), sharded on the CPU so that only the shard reaches the device."""
+    from .models import load_model
+
+    path = _require_artifact(artifact_dir)
     crisp = read_crisp(path)
-    model, tok = load_model(path, "sdpa", dtype=dtype, device=device or None)
+    check_tp(path, tp)
+    model, tok = load_model(path, "sdpa", dtype=dtype, device=(device or None) if tp == 1 else None)
+    if tp > 1:
+        model = tensor_parallel.shard_model(model, tp, rank).to(device or "cpu")
     return CrispModel(model, tok, crisp, attention)
+
+
+def _generate_rank(rank: int, tp: int, device, artifact_dir, prompts, options: dict) -> list[Generation]:
+    """One rank of generate_tp: load the shard, then every prompt; TTFT the median over the repeats."""
+    model = load(artifact_dir, options["attention"], str(device), options["dtype"], tp=tp, rank=rank)
+    results = []
+    for prompt in prompts:
+        runs = [model.generate(prompt, options["max_new_tokens"], options["chat"])
+                for _ in range(options["warmup"] + options["repeats"])][options["warmup"]:]
+        best = runs[-1]
+        best.ttft_s = statistics.median(r.ttft_s for r in runs)
+        results.append(best)
+    return results
+
+
+def generate_tp(artifact_dir, prompts: list, tp: int = 1, max_new_tokens: int = 32, attention: str = "crisp",
+                device: str | None = None, dtype=None, chat: bool = False, warmup: int = 0,
+                repeats: int = 1) -> list[Generation]:
+    """Greedy completions of `prompts` (text, or token ids [1, n]) with the artifact split tp ways: tp
+    processes started here (one GPU each on CUDA, gloo on the CPU), rank 0's results returned. tp=1 runs in
+    this process. TTFT: the median over `repeats` runs after `warmup` runs of each prompt."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    _require_artifact(artifact_dir)
+    read_crisp(artifact_dir)
+    check_tp(artifact_dir, tp)
+    options = dict(attention=attention, dtype=dtype, max_new_tokens=max_new_tokens, chat=chat, warmup=warmup,
+                   repeats=repeats)
+    if tp == 1:
+        return _generate_rank(0, 1, device, artifact_dir, prompts, options)
+    return tensor_parallel.spawn(_generate_rank, tp, torch.device(device).type, artifact_dir, prompts, options)
 
 
 def main(argv=None) -> int:
@@ -141,18 +228,22 @@ def main(argv=None) -> int:
     p.add_argument("--attention", choices=("crisp", "dense"), default="crisp")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallelism: split the attention heads and the MLP across N processes that "
+                        "crisp-run starts itself (one GPU each on CUDA, gloo on the CPU)")
     args = p.parse_args(argv)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        model = load(args.artifact, args.attention, device)
+        gen = generate_tp(args.artifact, [prompt], args.tp, args.max_new_tokens, args.attention, device,
+                          chat=args.chat)[0]
     except (FileNotFoundError, ValueError) as exc:
         print(f"crisp-run: error: {exc}", file=sys.stderr)
         return 2
-    gen = model.generate(prompt, args.max_new_tokens, chat=args.chat)
     print(gen.text)
-    print(f"TTFT {gen.ttft_s * 1000:.1f} ms ({gen.prompt_tokens} prompt tokens, {args.attention} prefill), "
-          f"{len(gen.token_ids)} tokens in {gen.total_s:.2f} s", file=sys.stderr)
+    print(f"TTFT {gen.ttft_s * 1000:.1f} ms ({gen.prompt_tokens} prompt tokens, {args.attention} prefill"
+          + (f", tp {args.tp}" if args.tp > 1 else "") + f"), {len(gen.token_ids)} tokens in {gen.total_s:.2f} s",
+          file=sys.stderr)
     return 0
 
 
