@@ -1,18 +1,22 @@
-"""HF Llama-family safetensors → TensorRT-LLM (1.2.x) checkpoint: config.json + rank{N}.safetensors.
+"""HF Llama-family / Qwen2 safetensors → TensorRT-LLM (1.2.x) checkpoint: config.json + rank{N}.safetensors.
 
-Tensor names and TP sharding follow tensorrt_llm/models/llama/convert.py (1.2):
+Tensor names follow tensorrt_llm/models/{llama,qwen}/convert.py (1.2); the TP sharding is crisp_trt.tp's
+rule (the one crisp-run --tp uses too):
   transformer.vocab_embedding.weight       embed_tokens (replicated; no parallel embedding)
   transformer.layers.{i}.input_layernorm.weight
-  transformer.layers.{i}.attention.qkv.weight   cat(q_r, k_r, v_r), each split by heads (dim 0);
-                                                kv heads duplicated when num_kv_heads < tp (dup_kv_weight)
-  transformer.layers.{i}.attention.dense.weight o_proj split on dim 1 (row parallel)
+  transformer.layers.{i}.attention.qkv.{weight,bias}   cat(q_r, k_r, v_r), each split by heads (dim 0);
+                                           kv heads duplicated when num_kv_heads < tp (dup_kv_weight/_bias)
+  transformer.layers.{i}.attention.dense.weight   o_proj split on dim 1 (row parallel; a bias stays whole)
   transformer.layers.{i}.post_layernorm.weight
   transformer.layers.{i}.mlp.fc.weight     gate_proj split on dim 0
   transformer.layers.{i}.mlp.gate.weight   up_proj   split on dim 0   (HF up → TRT "gate")
   transformer.layers.{i}.mlp.proj.weight   down_proj split on dim 1
   transformer.ln_f.weight
   lm_head.weight                           split on dim 0 (vocab padded to a multiple of tp)
-The "crisp" section of the artifact's config.json is carried into the checkpoint config for the engine step.
+Biases travel with their weights (Qwen2: q/k/v; Llama attention_bias / mlp_bias: all of theirs), and the
+config says so (attn_bias, mlp_bias). Qwen2 checkpoints get TensorRT-LLM's Qwen config (architecture
+Qwen2ForCausalLM, qwen_type qwen2). The "crisp" section of the artifact's config.json is carried into the
+checkpoint config for the engine step.
 """
 from __future__ import annotations
 
@@ -21,6 +25,14 @@ from pathlib import Path
 
 import torch
 
+from crisp_trt import tp as tensor_parallel
+
+LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM")
+QWEN2 = "Qwen2ForCausalLM"
+# HF module (under layers.{i}.) → TensorRT-LLM module (under transformer.layers.{i}.), q/k/v aside
+_LAYER_NAMES = {"self_attn.o_proj": "attention.dense", "input_layernorm": "input_layernorm",
+                "post_attention_layernorm": "post_layernorm", "mlp.gate_proj": "mlp.fc", "mlp.up_proj": "mlp.gate",
+                "mlp.down_proj": "mlp.proj"}
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
        "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _DT_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -35,26 +47,12 @@ def _load_hf(src: Path) -> dict:
     return {k[len("model."):] if k.startswith("model.") else k: v for k, v in state.items()}
 
 
-def _split(t: torch.Tensor, tp: int, rank: int, dim: int) -> torch.Tensor:
-    if tp == 1:
-        return t.contiguous()
-    if t.shape[dim] % tp:
-        raise ValueError(f"cannot split dim {dim} of size {t.shape[dim]} into {tp} parts")
-    return torch.chunk(t, tp, dim=dim)[rank].contiguous()
-
-
-def _dup_kv(w: torch.Tensor, kv_heads: int, tp: int) -> torch.Tensor:
-    """TensorRT-LLM's dup_kv_weight: repeat each kv head tp // kv_heads times (num_kv_heads < tp)."""
-    rep = tp // kv_heads
-    head = w.shape[0] // kv_heads
-    return w.reshape(kv_heads, head, -1).repeat_interleave(rep, dim=0).reshape(kv_heads * rep * head, -1)
-
-
-def trtllm_config(hf: dict, tp: int, dtype: str) -> dict:
-    heads = hf["num_attention_heads"]
-    kv = hf.get("num_key_value_heads") or heads
+def trtllm_config(hf: dict, tp: int, dtype: str, attn_bias: bool = False, mlp_bias: bool = False) -> dict:
+    """TensorRT-LLM's checkpoint config.json for the HF config `hf` split tp ways."""
+    heads, kv, _ = tensor_parallel.model_shape(hf)
+    qwen2 = (hf.get("architectures") or [""])[0] == QWEN2
     cfg = {
-        "architecture": "LlamaForCausalLM",
+        "architecture": QWEN2 if qwen2 else "LlamaForCausalLM",
         "dtype": dtype,
         "logits_dtype": "float32",
         "num_hidden_layers": hf["num_hidden_layers"],
@@ -75,7 +73,11 @@ def trtllm_config(hf: dict, tp: int, dtype: str) -> dict:
         "embedding_sharding_dim": 0,
         "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1},
         "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+        "attn_bias": attn_bias,
+        "mlp_bias": mlp_bias,
     }
+    if qwen2:
+        cfg.update(qwen_type="qwen2", seq_length=hf["max_position_embeddings"], use_logn_attn=False)
     if "crisp" in hf:
         cfg["crisp"] = hf["crisp"]
     return cfg
@@ -88,18 +90,16 @@ def convert(src, dst, tp: int = 1, dtype: str | None = None) -> Path:
     src, dst = Path(src), Path(dst)
     hf = json.loads((src / "config.json").read_text())
     arch = (hf.get("architectures") or ["?"])[0]
-    if arch not in ("LlamaForCausalLM", "MistralForCausalLM"):
-        raise ValueError(f"TensorRT-LLM conversion supports the Llama family only, not {arch}")
-    heads, kv, layers = hf["num_attention_heads"], hf.get("num_key_value_heads") or hf["num_attention_heads"], \
-        hf["num_hidden_layers"]
-    if tp < 1 or heads % tp:
-        raise ValueError(f"tp={tp}: num_attention_heads={heads} must be divisible by tp")
-    if kv % tp and tp % kv:
-        raise ValueError(f"tp={tp}: num_key_value_heads={kv} must divide or be divisible by tp")
+    if arch not in LLAMA_FAMILY + (QWEN2,):
+        raise ValueError(f"architecture {arch}: expected one of {', '.join(LLAMA_FAMILY + (QWEN2,))} "
+                         "(TensorRT-LLM conversion supports the Llama family and Qwen2)")
+    _, kv, _ = shape = tensor_parallel.model_shape(hf)
+    tensor_parallel.check(tp, *shape, arg="tp")
     state = _load_hf(src)
     tdtype = _DT[dtype] if dtype else next(iter(state.values())).dtype
     tdtype = tdtype if tdtype in _DT_NAME else torch.float32
-    cfg = trtllm_config(hf, tp, _DT_NAME[tdtype])
+    has = lambda module: any(k.endswith(f".{module}.bias") for k in state)  # noqa: E731
+    cfg = trtllm_config(hf, tp, _DT_NAME[tdtype], attn_bias=has("self_attn.q_proj"), mlp_bias=has("mlp.gate_proj"))
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
     embed = state["embed_tokens.weight"].to(tdtype)
@@ -109,22 +109,21 @@ def convert(src, dst, tp: int = 1, dtype: str | None = None) -> Path:
     if padded != vocab:
         lm_head = torch.cat([lm_head, lm_head.new_zeros(padded - vocab, lm_head.shape[1])])
     for rank in range(tp):
+        part = lambda name: tensor_parallel.shard(name, state[name].to(tdtype), tp, rank, kv).contiguous()  # noqa: E731
         w = {"transformer.vocab_embedding.weight": embed.contiguous(),
              "transformer.ln_f.weight": state["norm.weight"].to(tdtype).contiguous(),
-             "lm_head.weight": _split(lm_head, tp, rank, 0)}
-        for i in range(layers):
+             "lm_head.weight": tensor_parallel.split(lm_head, tp, rank, 0)}
+        for i in range(hf["num_hidden_layers"]):
             p, t = f"layers.{i}.", f"transformer.layers.{i}."
-            g = lambda name: state[p + name].to(tdtype)  # noqa: E731
-            q, k, v = g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"), g("self_attn.v_proj.weight")
-            if kv < tp:
-                k, v = _dup_kv(k, kv, tp), _dup_kv(v, kv, tp)
-            w[t + "attention.qkv.weight"] = torch.cat([_split(q, tp, rank, 0), _split(k, tp, rank, 0),
-                                                       _split(v, tp, rank, 0)]).contiguous()
-            w[t + "attention.dense.weight"] = _split(g("self_attn.o_proj.weight"), tp, rank, 1)
-            w[t + "input_layernorm.weight"] = g("input_layernorm.weight").contiguous()
-            w[t + "post_layernorm.weight"] = g("post_attention_layernorm.weight").contiguous()
-            w[t + "mlp.fc.weight"] = _split(g("mlp.gate_proj.weight"), tp, rank, 0)
-            w[t + "mlp.gate.weight"] = _split(g("mlp.up_proj.weight"), tp, rank, 0)
-            w[t + "mlp.proj.weight"] = _split(g("mlp.down_proj.weight"), tp, rank, 1)
+            for kind in ("weight", "bias"):
+                qkv = [f"{p}self_attn.{x}_proj.{kind}" for x in "qkv"]
+                present = [name in state for name in qkv]
+                if any(present) and not all(present):
+                    raise ValueError(f"layer {i}: q/k/v {kind}es must all be present or all absent, found {present}")
+                if all(present):
+                    w[f"{t}attention.qkv.{kind}"] = torch.cat([part(name) for name in qkv]).contiguous()
+                for hf_name, trt_name in _LAYER_NAMES.items():
+                    if f"{p}{hf_name}.{kind}" in state:
+                        w[f"{t}{trt_name}.{kind}"] = part(f"{p}{hf_name}.{kind}")
         save_file(w, str(dst / f"rank{rank}.safetensors"), metadata={"format": "pt"})
     return dst
