@@ -1,62 +1,214 @@
-"""TensorRT-LLM engine path, imported lazily: needs TensorRT + TensorRT-LLM <= 1.2.x.
+"""TensorRT engines that contain CRISP: the artifact's prefill graph (onnx_export, a CrispPrefillAttention
+node in every attention layer) → TensorRT's ONNX parser (the plugin found in the global registry, loaded
+through crisp_trt.plugin) → a serialised plan.
 
-TensorRT-LLM removed its TensorRT-engine flow (trtllm-build, tensorrt_llm.functional, the GPTAttention
-plugin) from main in July 2026; 1.2.x / 1.3.0rc20 are the last releases with it (DESIGN.md §5).
-Neither wheel installs from PyPI alone (NVIDIA's index / containers), so nothing here runs in CI;
-see builder/README.md for what is and is not verified.
+The builder module is imported lazily: the full TensorRT (`tensorrt`) or TensorRT-RTX (`tensorrt_rtx`, or
+the standalone wheel's `tensorrt_rtx_bindings`; the same nvinfer1 builder API). Without one every entry
+point raises a BuildError saying what to install. What is verified where: builder/README.md.
+
+Also here, unverified and kept as the design's starting point: the TensorRT-LLM 1.2 path (`build_engines`,
+TensorRT-LLM's own attention; builder/README.md says why CRISP is not in it).
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import time
 from pathlib import Path
 
-INSTALL_HINT = ("the tensorrt backend needs TensorRT and TensorRT-LLM <= 1.2.x (the last releases with the "
-                "TensorRT-engine flow), e.g. NVIDIA's TensorRT-LLM 1.2 container, or "
-                "pip install 'tensorrt_llm<=1.2.99' --extra-index-url https://pypi.nvidia.com; "
-                "use --backend torch otherwise")
+from crisp_trt import plugin
+
+from .checkpoint import BuildError
+
+PLAN = "crisp.plan"
+ONNX = "onnx/model.onnx"
+ENGINE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
-class TensorRTMissing(RuntimeError):
-    pass
+def builder_module() -> str | None:
+    """Name of the first TensorRT builder module that is installed (not imported), or None."""
+    return next((m for m in plugin.BUILDER_MODULES if importlib.util.find_spec(m) is not None), None)
 
 
 def tensorrt_available() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in ("tensorrt", "tensorrt_llm"))
+    """A builder module is installed and the plugin library is built: the default backend can be tensorrt."""
+    if builder_module() is None:
+        return False
+    try:
+        plugin.library_path()
+    except FileNotFoundError:
+        return False
+    return True
 
 
-def require_tensorrt():
-    """Import tensorrt and tensorrt_llm or raise a BuildError naming what to install."""
-    from .cli import BuildError
+def require_builder(library: str | Path | None = None):
+    """(trt module, plugin creator): a TensorRT builder with CrispPrefillAttention in its global registry."""
+    try:
+        trt = plugin.tensorrt(builder=True)
+    except ImportError as exc:
+        raise BuildError(f"--backend tensorrt: {exc}; or use --backend torch")
+    try:
+        creator = plugin.load(path=library, trt=trt)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise BuildError(f"--backend tensorrt: the CrispPrefillAttention plugin is not loadable into {trt.__name__}'s "
+                         f"registry: {exc}")
+    return trt, creator
 
+
+def make_logger(trt, verbose: bool = False):
+    """A trt.ILogger that keeps every (severity, message) in .messages (errors go into BuildErrors) and prints
+    warnings and errors (everything when verbose)."""
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.messages = []
+
+        def log(self, severity, msg):
+            self.messages.append((severity, msg))
+            if verbose or int(severity) <= int(trt.ILogger.Severity.WARNING):
+                print(f"[{trt.__name__} {severity.name}] {msg}", flush=True)
+
+        def errors(self) -> str:
+            return "; ".join(m for s, m in self.messages if int(s) <= int(trt.ILogger.Severity.ERROR))
+
+    return Logger()
+
+
+def network_flags(trt) -> int:
+    """Strongly typed where the builder has the flag (TensorRT 10+; TensorRT-RTX's networks are always typed)."""
+    flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    return 0 if flag is None else 1 << int(flag)
+
+
+def plugin_layers(trt, network) -> list:
+    """The network's plugin layers (IPluginV3, or older kinds), in order."""
+    kinds = {getattr(trt.LayerType, k) for k in ("PLUGIN_V3", "PLUGIN_V2", "PLUGIN") if hasattr(trt.LayerType, k)}
+    return [network.get_layer(i) for i in range(network.num_layers) if network.get_layer(i).type in kinds]
+
+
+def parse_onnx(trt, builder, logger, onnx_path: Path):
+    """(network, parser) TensorRT's ONNX parser makes of `onnx_path` (external data beside it); the parser must
+    outlive the build (it holds the weights). BuildError naming the parser's errors."""
+    network = builder.create_network(network_flags(trt))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise BuildError(f"TensorRT's ONNX parser rejected {onnx_path}: {errors}")
+    return network, parser
+
+
+def build_plan(onnx_path: str | Path, plan_path: str | Path, max_tokens: int, max_batch: int = 4,
+               opt_tokens: int | None = None, library: str | Path | None = None, verbose: bool = False) -> dict:
+    """Parse the CRISP prefill graph at `onnx_path`, build with one optimisation profile (input_ids 1 ..
+    max_tokens, cu_seqlens 2 .. max_batch + 1) and write the serialised plan. Returns a record: builder
+    module and version, plugin layers, layers, plan bytes, build seconds."""
+    if max_tokens < 1 or max_batch < 1:
+        raise BuildError(f"max_tokens={max_tokens}, max_batch={max_batch}: expected both >= 1")
+    trt, _ = require_builder(library)
+    logger = make_logger(trt, verbose)
+    builder = trt.Builder(logger)
+    if builder is None:
+        raise BuildError(f"{trt.__name__}.Builder could not be created (no CUDA device, or only a runtime "
+                         f"installed): {plugin.BUILDER_HINT}")
+    network, _parser = parse_onnx(trt, builder, logger, Path(onnx_path))  # the parser holds the weights: kept
+    crisp = plugin_layers(trt, network)
+    opt = min(opt_tokens or min(max_tokens, 8192), max_tokens)
+    profile = builder.create_optimization_profile()
+    profile.set_shape("input_ids", (1,), (opt,), (max_tokens,))
+    profile.set_shape("cu_seqlens", (2,), (2,), (max_batch + 1,))
+    config = builder.create_builder_config()
+    config.add_optimization_profile(profile)
+    t0 = time.time()
+    plan = builder.build_serialized_network(network, config)
+    seconds = time.time() - t0
+    if plan is None:
+        raise BuildError(f"{trt.__name__} could not build {onnx_path}: {logger.errors() or 'no error logged'}")
+    plan_path = Path(plan_path)
+    plan_path.parent.mkdir(parents=True, exist_ok=True)
+    plan_path.write_bytes(bytes(plan))
+    return {"builder": trt.__name__, "version": getattr(trt, "__version__", "?"), "plan": str(plan_path),
+            "plan_bytes": plan_path.stat().st_size, "layers": network.num_layers, "plugin_layers": len(crisp),
+            "plugin_layer_names": [layer.name for layer in crisp], "build_s": round(seconds, 2),
+            "profile": {"input_ids": [1, opt, max_tokens], "cu_seqlens": [2, 2, max_batch + 1]}}
+
+
+def engine_dtype(dtype: str) -> str:
+    """The graph dtype of an engine: the artifact's fp16 / bf16, else bf16 (the plugin takes half types)."""
+    return ENGINE_DTYPES.get(dtype, "bfloat16")
+
+
+def export_artifact(artifact: str | Path, onnx_path: str | Path | None = None, dtype: str = "bf16") -> Path:
+    """The artifact's CRISP prefill graph (its per-layer calibrated configs) in `dtype` (fp32 | fp16 | bf16)."""
+    import torch
+
+    from crisp_trt.config import CrispConfig
+    from crisp_trt.models import load_model
+
+    from .onnx_export import export
+
+    artifact = Path(artifact)
+    cfg = json.loads((artifact / "config.json").read_text())
+    crisp = cfg.get("crisp")
+    if not isinstance(crisp, dict) or "config" not in crisp:
+        raise BuildError(f"{artifact}: config.json has no crisp section (expected a crisp-build artifact)")
+    base = CrispConfig.from_dict(crisp["config"])
+    configs = [base.replace(**layer) for layer in crisp.get("layers") or []] or base
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    model, _ = load_model(artifact, "sdpa", dtype=torch_dtype, logits32=False)
+    return export(model, onnx_path or artifact / ONNX, configs)
+
+
+def build_engine(artifact: str | Path, max_seq: int, dtype: str = "auto", max_batch: int = 4,
+                 library: str | Path | None = None) -> dict:
+    """crisp-build --backend tensorrt after the artifact: export its graph, build DIR/engines/crisp.plan, and
+    record the engine in config.json's crisp section ("backend": "tensorrt", "engine": build_plan's record)."""
+    require_builder(library)  # fail before the export when the toolchain is missing
+    artifact = Path(artifact)
+    graph_dtype = {"float16": "fp16", "bfloat16": "bf16"}[engine_dtype(dtype)]
+    onnx_path = export_artifact(artifact, artifact / ONNX, graph_dtype)
+    record = build_plan(onnx_path, artifact / "engines" / PLAN, max_tokens=max_seq, max_batch=max_batch,
+                        library=library)
+    record.update(onnx=str(onnx_path), dtype=graph_dtype)
+    cfg_path = artifact / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["crisp"].update(backend="tensorrt", engine=record)
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    return record
+
+
+# ---- TensorRT-LLM 1.2 (unverified design path; not what crisp-build runs) --------------------------------
+
+TRTLLM_HINT = ("the TensorRT-LLM path needs TensorRT and TensorRT-LLM <= 1.2.x (the last releases with the "
+               "TensorRT-engine flow), e.g. NVIDIA's TensorRT-LLM 1.2 container, or "
+               "pip install 'tensorrt_llm<=1.2.99' --extra-index-url https://pypi.nvidia.com")
+
+
+def require_tensorrt_llm():
+    """Import tensorrt and tensorrt_llm (<= 1.3) or raise a BuildError naming what to install."""
     missing = [name for name in ("tensorrt", "tensorrt_llm") if importlib.util.find_spec(name) is None]
     if missing:
-        raise BuildError(f"{' and '.join(missing)} not importable: {INSTALL_HINT}")
+        raise BuildError(f"{' and '.join(missing)} not importable: {TRTLLM_HINT}")
     trt = importlib.import_module("tensorrt")
     tllm = importlib.import_module("tensorrt_llm")
     version = getattr(tllm, "__version__", "0")
     major_minor = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
     if major_minor > (1, 3):
         raise BuildError(f"tensorrt_llm {version} has no TensorRT-engine flow (removed after 1.3.0rc20): "
-                         + INSTALL_HINT)
+                         + TRTLLM_HINT)
     return trt, tllm
 
 
-def build_engines(ckpt_dir: str | Path, engine_dir: str | Path, max_seq: int, plugin_library: str | None = None,
-                  max_batch_size: int = 8) -> list[Path]:
-    """Build rank{N}.engine from a TensorRT-LLM checkpoint with TensorRT-LLM 1.2's builder.
+def build_engines(ckpt_dir: str | Path, engine_dir: str | Path, max_seq: int, max_batch_size: int = 8) -> list[Path]:
+    """rank{N}.engine from a TensorRT-LLM checkpoint with TensorRT-LLM 1.2's builder (its own attention).
 
-    UNVERIFIED here (no TensorRT-LLM on any project machine). Uses the 1.2 public API:
-    tensorrt_llm.builder.build(model, BuildConfig) on LLaMAForCausalLM.from_checkpoint per rank,
-    then engine.save(). The CRISP plugin replacing the GPTAttention plugin's context phase is the
-    design in builder/README.md; this function builds with TensorRT-LLM's own attention plugin.
-    """
-    require_tensorrt()
-    from tensorrt_llm import Mapping  # noqa: F401  (1.2 API)
+    UNVERIFIED here (no TensorRT-LLM on any project machine): tensorrt_llm.builder.build(model, BuildConfig)
+    on LLaMAForCausalLM.from_checkpoint per rank, then engine.save(). CRISP is not in these engines:
+    builder/README.md says why that stops at the ONNX route (build_engine)."""
+    require_tensorrt_llm()
     from tensorrt_llm.builder import BuildConfig, build
     from tensorrt_llm.models import LLaMAForCausalLM
-
-    import json
 
     ckpt_dir, engine_dir = Path(ckpt_dir), Path(engine_dir)
     engine_dir.mkdir(parents=True, exist_ok=True)
@@ -64,10 +216,6 @@ def build_engines(ckpt_dir: str | Path, engine_dir: str | Path, max_seq: int, pl
     world = cfg["mapping"]["world_size"]
     build_config = BuildConfig(max_input_len=max_seq, max_seq_len=max_seq, max_batch_size=max_batch_size,
                                max_num_tokens=min(max_seq, 16384))
-    if plugin_library:
-        import ctypes
-
-        ctypes.CDLL(plugin_library, mode=ctypes.RTLD_GLOBAL)
     out = []
     for rank in range(world):
         model = LLaMAForCausalLM.from_checkpoint(str(ckpt_dir), rank=rank)

@@ -1,11 +1,16 @@
 """The TensorRT plugin CrispPrefillAttention (plugin/): locate libcrisp_trt_plugin.so, load it into a
-TensorRT plugin registry, and describe a CrispConfig as the plugin's fields.
+TensorRT plugin registry, and describe a CrispConfig as the plugin's fields (PluginFields, or ONNX node
+attributes for TensorRT's ONNX parser).
 
-TensorRT is imported lazily: `plugin_fields` and `library_path` work without it.
+TensorRT is imported lazily: `plugin_fields`, `onnx_attributes` and `library_path` work without it. The
+Python module may be the full TensorRT (`tensorrt`), TensorRT-RTX (`tensorrt_rtx`, or the standalone wheel's
+`tensorrt_rtx_bindings`: the same nvinfer1 builder API) or, for the registry alone, the standalone
+`tensorrt_bindings` with the lean runtime.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from pathlib import Path
 
@@ -17,6 +22,12 @@ NAME, VERSION, NAMESPACE = "CrispPrefillAttention", "1", "crisp"
 LIBRARY = "libcrisp_trt_plugin.so"
 ENV_LIBRARY = "CRISP_TRT_PLUGIN_LIB"
 INSTALL_HINT = "pip install tensorrt-cu13-bindings tensorrt-lean-cu13-libs"
+BUILDER_HINT = ("pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings (TensorRT-RTX 1.7: builds and "
+                "serialises engines; its runtime needs a GPU it supports) or the full TensorRT "
+                "(pip install tensorrt-cu13)")
+RUNTIME_MODULES = ("tensorrt", "tensorrt_bindings", "tensorrt_rtx", "tensorrt_rtx_bindings")
+BUILDER_MODULES = ("tensorrt", "tensorrt_rtx", "tensorrt_rtx_bindings")
+ONNX_DOMAIN = NAMESPACE  # the ONNX node's domain; the parser maps it through plugin_namespace / plugin_version
 HEAD_DIMS = (64, 128, 256)
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,32 +74,71 @@ def plugin_fields(config: CrispConfig, num_heads: int, num_kv_heads: int, head_d
     return fields
 
 
-def tensorrt():
-    """The TensorRT Python module (`tensorrt`, else the standalone `tensorrt_bindings`)."""
+def tensorrt(builder: bool = False):
+    """The TensorRT Python module: with builder=False the first of RUNTIME_MODULES that imports (a registry is
+    enough), with builder=True the first of BUILDER_MODULES (Builder + OnnxParser: full TensorRT or TensorRT-RTX)."""
     errors = []
-    for module in ("tensorrt", "tensorrt_bindings"):
+    for module in (BUILDER_MODULES if builder else RUNTIME_MODULES):
         try:
-            return __import__(module)
+            return importlib.import_module(module)
         except (ImportError, OSError) as e:
             errors.append(f"{module}: {e}")
+    if builder:
+        raise ImportError(f"no TensorRT builder is importable ({'; '.join(errors)}); install one: {BUILDER_HINT}")
     raise ImportError(f"the TensorRT Python bindings are not importable ({'; '.join(errors)}); "
-                      f"install them with `{INSTALL_HINT}` (building engines also needs the full TensorRT)")
+                      f"install them with `{INSTALL_HINT}` (building engines needs a builder: {BUILDER_HINT})")
+
+
+def onnx_attributes(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int) -> dict:
+    """The ONNX node attributes of one CrispPrefillAttention: every plugin field (INT32 → int, FLOAT32 → the
+    float32 value, CHAR → str) plus plugin_namespace / plugin_version, which TensorRT's ONNX parser uses to
+    find the creator when it falls back to a plugin for an unknown op."""
+    attrs = {}
+    for name, value, kind in plugin_fields(config, num_heads, num_kv_heads, head_dim):
+        attrs[name] = (bytes(value).decode("ascii") if kind == "CHAR"
+                       else float(value[0]) if kind == "FLOAT32" else int(value[0]))
+    attrs.update(plugin_namespace=NAMESPACE, plugin_version=VERSION)
+    return attrs
+
+
+def config_of_attributes(attrs: dict) -> tuple[CrispConfig, int, int, int]:
+    """Inverse of onnx_attributes: (CrispConfig, num_heads, num_kv_heads, head_dim). A float field comes back
+    as the shortest decimal of its float32 value (0.999 stays 0.999), the CrispConfig that was exported."""
+    kinds = {f.name: f.type for f in dataclasses.fields(CrispConfig)}
+    missing = sorted(set(kinds) - set(attrs))
+    if missing:
+        raise ValueError(f"{NAME} node attributes: missing {missing}")
+    values = {name: (float(str(np.float32(attrs[name]))) if kind == "float" else
+                     str(attrs[name]) if kind == "str" else int(attrs[name])) for name, kind in kinds.items()}
+    return (CrispConfig.from_dict(values), int(attrs["num_heads"]), int(attrs["num_kv_heads"]),
+            int(attrs["head_dim"]))
 
 
 def field_collection(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int, trt=None):
-    """A trt.PluginFieldCollection of the plugin's fields (for creator.create_plugin)."""
+    """A trt.PluginFieldCollection of the plugin's fields (for creator.create_plugin).
+
+    trt.PluginField points into its numpy array without holding it, so the collection (a subclass of the
+    bindings' class) holds the arrays: without that, the fields read freed memory (seen: block_size came
+    out as garbage and createPlugin refused it)."""
     trt = trt or tensorrt()
     types = {"INT32": trt.PluginFieldType.INT32, "FLOAT32": trt.PluginFieldType.FLOAT32,
              "CHAR": trt.PluginFieldType.CHAR}
-    return trt.PluginFieldCollection([trt.PluginField(name, value, types[kind])
-                                      for name, value, kind in plugin_fields(config, num_heads, num_kv_heads,
-                                                                             head_dim)])
+    fields = plugin_fields(config, num_heads, num_kv_heads, head_dim)
+    keeping = _KEEPING.setdefault(trt.PluginFieldCollection,
+                                  type("CrispPluginFields", (trt.PluginFieldCollection,), {}))
+    collection = keeping([trt.PluginField(name, value, types[kind]) for name, value, kind in fields])
+    collection.arrays = [value for _, value, _ in fields]
+    return collection
 
 
-def load(registry=None, path: str | os.PathLike | None = None):
-    """Load the library into `registry` (default: TensorRT's global one) and return the plugin's creator."""
+_KEEPING: dict = {}
+
+
+def load(registry=None, path: str | os.PathLike | None = None, trt=None):
+    """Load the library into `registry` (default: the global registry of `trt`, else of `tensorrt()`) and return
+    the plugin's creator. TensorRT's ONNX parser finds the plugin in that global registry."""
     library = Path(path) if path else library_path()
-    registry = registry or tensorrt().get_plugin_registry()
+    registry = registry or (trt or tensorrt()).get_plugin_registry()
     if registry.load_library(str(library)) is None:
         raise RuntimeError(f"TensorRT could not load {library}")
     creator = registry.get_creator(NAME, VERSION, NAMESPACE)

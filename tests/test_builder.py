@@ -1,4 +1,5 @@
 """crisp-build: CLI parsing and errors (fast), then one real end-to-end build of SmolLM2 (slow, CPU)."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -78,15 +79,111 @@ def test_max_seq_beyond_rope():
         cli.check_max_seq(8192, cfg, "bogus")
 
 
-def test_tensorrt_backend_missing_is_clear(capsys):
+def test_max_seq_yarn_qwen():
+    """Qwen2.5: 32768 native × yarn:4 = 131072 tokens; one token more names --rope-scaling."""
+    cfg = {"max_position_embeddings": 32768}
+    seq, scaling = cli.check_max_seq(cli.parse_length("128k"), cfg, "yarn:4")
+    assert seq == 131072
+    assert scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    with pytest.raises(cli.BuildError, match=r"32768 × rope_scaling factor 4 = 131072 tokens.*--rope-scaling"):
+        cli.check_max_seq(131073, cfg, "yarn:4")
+    with pytest.raises(cli.BuildError, match="--rope-scaling"):
+        cli.check_max_seq(cli.parse_length("64k"), cfg, None)
+    assert cli.check_max_seq(None, cfg, "yarn:4")[0] == 131072
+    # a checkpoint that already carries YaRN (transformers 5 writes rope_parameters)
+    saved = {"max_position_embeddings": 32768, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}
+    assert cli.check_max_seq(cli.parse_length("128k"), saved, None)[0] == 131072
+    for bad in ("yarn:0.5", "ntk:4", "yarn"):
+        with pytest.raises(cli.BuildError, match="--rope-scaling.*TYPE:FACTOR"):
+            cli.check_max_seq(8192, cfg, bad)
+
+
+def test_hf_qwen2_checkpoint_is_accepted(tmp_path):
+    from crisp_trt.builder import checkpoint
+
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 14, "num_key_value_heads": 2,
+           "max_position_embeddings": 32768}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert checkpoint.inspect_checkpoint(tmp_path)["num_key_value_heads"] == 2
+    cfg["architectures"] = ["Qwen2MoeForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(checkpoint.BuildError, match="unsupported architecture: 'Qwen2MoeForCausalLM'"):
+        checkpoint.inspect_checkpoint(tmp_path)
+
+
+def _gguf(path, arch, **fields):
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), arch)
+    for name, value in fields.items():
+        key = f"{arch}.{name}"
+        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_qwen2_header_is_read(tmp_path):
+    """A qwen2 GGUF header (the bundled Qwen's fields, no tensors) reads as Qwen2ForCausalLM."""
+    from crisp_trt.builder import checkpoint
+
+    path = _gguf(tmp_path / "q.gguf", "qwen2", block_count=24, context_length=32768, embedding_length=896,
+                 **{"attention.head_count": 14, "attention.head_count_kv": 2, "rope.freq_base": 1e6})
+    cfg = checkpoint.inspect_checkpoint(path)
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["num_hidden_layers"] == 24
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["max_position_embeddings"]) == (14, 2, 32768)
+    assert cfg["rope_theta"] == 1e6
+    other = _gguf(tmp_path / "g.gguf", "gpt2", block_count=2)
+    with pytest.raises(checkpoint.BuildError, match="GGUF architecture 'gpt2'.*llama, qwen2"):
+        checkpoint.inspect_checkpoint(other)
+
+
+def test_checkpoint_module_has_no_cycle():
+    """checkpoint.py imports none of cli / artifact / engine (the old cli → artifact → engine → cli circle)."""
+    import ast
+    from pathlib import Path
+
+    import crisp_trt.builder.checkpoint as checkpoint
+
+    tree = ast.parse(Path(checkpoint.__file__).read_text())
+    relative = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+    assert not relative & {"cli", "artifact", "engine"}
+    assert not hasattr(cli, "_smollm2_path")
+    engine_src = Path(checkpoint.__file__).with_name("engine.py").read_text()
+    assert "from .cli" not in engine_src and "TensorRTMissing" not in engine_src and "plugin_library" not in engine_src
+
+
+def test_tensorrt_backend_missing_is_clear(capsys, tmp_path):
+    """Without a TensorRT builder (or the plugin), --backend tensorrt fails before loading, naming what to install."""
     from crisp_trt.builder.engine import tensorrt_available
 
     if tensorrt_available():
+        pytest.skip("a TensorRT builder and the plugin library are installed here")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                      "num_attention_heads": 4, "max_position_embeddings": 4096}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    err = _err(capsys, ["--model", str(tmp_path), "--backend", "tensorrt", "--output", str(tmp_path / "out")])
+    assert "--backend tensorrt" in err
+    assert "tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings" in err or "build_plugin.sh" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_trtllm_path_missing_is_clear():
+    from crisp_trt.builder.engine import require_tensorrt_llm
+
+    if all(importlib.util.find_spec(m) for m in ("tensorrt", "tensorrt_llm")):
         pytest.skip("TensorRT-LLM is installed here")
     with pytest.raises(cli.BuildError, match=r"TensorRT-LLM <= 1\.2"):
-        from crisp_trt.builder.engine import require_tensorrt
+        require_tensorrt_llm()
 
-        require_tensorrt()
+
+def test_bad_max_batch(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                      "num_attention_heads": 4, "max_position_embeddings": 4096}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert "--max-batch 0: expected >= 1" in _err(capsys, ["--model", str(tmp_path), "--max-batch", "0"])
 
 
 def test_calibrate_layer_deterministic_and_meets_recall():
