@@ -1,16 +1,21 @@
 """`crisp-bench accuracy`: real-model retrieval and perplexity, dense vs CRISP vs FlexPrefill-mode (DESIGN.md §6).
 
-Task (induction retrieval, which a 135M model solves densely): real text (crisp_trt.workloads.real) of n
-tokens with 8 random words planted at a depth; the prompt ends with the planted words' first 3 and the
-answer is the next 3. One teacher-forced forward per (trial, method):
+Tasks (TASKS), each a haystack of n tokens of real text with something planted at a depth:
+  words     induction retrieval (a 135M model solves it densely): 8 random words planted; the prompt ends
+            with their first 3 and the answer is the next 3 (haystack: the licence texts, workloads.real);
+  passkey   a 5-digit pass key planted, asked for at the end (haystack: a texts corpus, chat-framed);
+  multikey  RULER-style multi-key needles: 4 "special magic number for <word>" sentences, one at the depth,
+            three at random depths; one word is asked for (the answer is its 7-digit number).
+One teacher-forced forward per (trial, method):
   correct   greedy argmax reproduces every answer token;
   loglik    sum of log-probabilities of the answer tokens;
   lost / gained  trials dense gets right and the method wrong / the other way round (paired counts);
   kl        mean KL(dense || method) of the next-token distributions over the last `kl_positions`.
 Method "dense_eager" (a control, not in the default list) is dense attention through HF's eager kernels:
 it shows how many trials flip between two dense implementations alone (near-tied answer tokens).
-Perplexity: exp(mean NLL) on held-out real text of n tokens. Seeds are fixed per (length, depth, trial),
-so every method sees identical prompts. JSON: bench/results/accuracy_latest.json; one heat-map PNG
+Perplexity: exp(mean NLL) on held-out real text of n tokens (the licence tail, or a texts corpus), its
+logits computed in chunks. Seeds are fixed per (task, length, depth, trial), so every method sees identical
+prompts. `rope(n)` may switch the model's RoPE per length (e.g. YaRN above the native context). JSON: bench/results/accuracy_latest.json; one heat-map PNG
 per method (depth × length, accuracy).
 """
 from __future__ import annotations
@@ -28,14 +33,19 @@ from ..config import CrispConfig, method_config
 from ..workloads.real import held_out_text, real_text
 
 METHODS = ("dense", "crisp", "flexprefill")
+TASKS = ("words", "passkey", "multikey")
 CONTROLS = ("dense_eager",)  # dense attention through HF's eager kernels: the noise floor of a cell
 KNOWN = ("dense", *CONFIG_METHODS, *CONTROLS)
 MIN_LENGTH = 128
 
 
-def check_arguments(lengths, depths, trials, methods, flag: str = "") -> None:
-    """ValueError naming the first bad argument (flag + its name: "--" from the CLI), before any model loads."""
-    unknown = sorted(set(methods) - set(KNOWN))
+def check_arguments(lengths, depths, trials, methods, flag: str = "", task: str = "words",
+                    configs: dict | None = None) -> None:
+    """ValueError naming the first bad argument (flag + its name: "--" from the CLI), before any model loads.
+    `configs` names extra CRISP configs that count as known methods."""
+    if task not in TASKS:
+        raise ValueError(f"{flag}task: expected one of {', '.join(TASKS)} (got {task!r})")
+    unknown = sorted(set(methods) - set(KNOWN) - set(configs or {}))
     if not methods or unknown:
         raise ValueError(f"{flag}methods: unknown {unknown or 'empty list'}; expected some of {', '.join(KNOWN)}")
     if not lengths or any(int(n) < MIN_LENGTH for n in lengths):  # room for the planted words and the cue
@@ -49,6 +59,47 @@ def check_arguments(lengths, depths, trials, methods, flag: str = "") -> None:
 
 def _word_pool(text: str) -> list[str]:
     return sorted({w.lower() for w in re.findall(r"[A-Za-z]{4,9}", text)})
+
+
+def chat_frame(tok) -> tuple[list, list]:
+    """Token ids before and after a user message in the tokenizer's chat template (the generation prompt
+    included); ([], []) when it has none."""
+    if not getattr(tok, "chat_template", None):
+        return [], []
+    mark = "\u2063MSG\u2063"
+    text = tok.apply_chat_template([{"role": "user", "content": mark}], add_generation_prompt=True, tokenize=False)
+    head, tail = text.split(mark)
+    return (tok(head, add_special_tokens=False).input_ids, tok(tail, add_special_tokens=False).input_ids)
+
+
+def make_needle_trial(tok, task: str, n: int, depth: float, seed: int, filler_ids: torch.Tensor, pool: list[str],
+                      frame: tuple[list, list] = ([], [])):
+    """(ids [1, n], answer length) of a passkey / multikey prompt: frame head, haystack with the needle(s),
+    the question, frame tail, the answer's lead-in and the answer (teacher-forced)."""
+    rng = random.Random(seed)
+    enc = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
+    if task == "passkey":
+        key = str(rng.randrange(10000, 100000))
+        needles = [(depth, enc(f" The pass key is {key}. Remember it. {key} is the pass key. "))]
+        question, lead = "\n\nWhat is the pass key?", "The pass key is"
+    else:
+        words = rng.sample(pool, 4)
+        numbers = [str(rng.randrange(1_000_000, 10_000_000)) for _ in words]
+        needles = [(depth if i == 0 else rng.random(),
+                    enc(f" One of the special magic numbers for {w} is: {x}. ")) for i, (w, x) in enumerate(zip(words, numbers))]
+        key = numbers[0]
+        question = f"\n\nWhat is the special magic number for {words[0]} mentioned in the provided text?"
+        lead = f"The special magic number for {words[0]} mentioned in the provided text is"
+    tail = enc(question) + frame[1] + enc(lead)
+    answer = enc(" " + key)
+    room = n - len(frame[0]) - sum(len(x) for _, x in needles) - len(tail) - len(answer)
+    if room < 0:
+        raise ValueError(f"lengths: {n} tokens cannot hold the {task} prompt (needs {n - room})")
+    start = rng.randrange(0, max(1, filler_ids.numel() - room))
+    filler = filler_ids[start:start + room].tolist()
+    for at, needle in sorted(((int(round(d * len(filler))), x) for d, x in needles), key=lambda t: -t[0]):
+        filler[at:at] = needle  # deepest first, so earlier positions stay valid
+    return torch.tensor([frame[0] + filler + tail + answer]), len(answer)
 
 
 def make_trial(tok, n: int, depth: float, seed: int, filler_ids: torch.Tensor, pool: list[str]):
@@ -65,7 +116,7 @@ def make_trial(tok, n: int, depth: float, seed: int, filler_ids: torch.Tensor, p
     return torch.tensor([ids]), len(answer)
 
 
-def _apply(model, method: str, base: CrispConfig):
+def _apply(model, method: str, base: CrispConfig, configs: dict | None = None):
     from ..hf import set_crisp_config
     from ..models import set_attn_implementation
 
@@ -75,40 +126,70 @@ def _apply(model, method: str, base: CrispConfig):
         set_attn_implementation(model, "eager")
     else:
         set_attn_implementation(model, "crisp")
-        set_crisp_config(model, method_config(method, base))
+        set_crisp_config(model, (configs or {}).get(method) or method_config(method, base))
+
+
+def _haystack(tok, task: str, haystack: str | None):
+    """(filler ids, word pool) of a task's haystack: a texts corpus by name, else the licence texts."""
+    from ..workloads.texts import corpus
+
+    text = real_text() if haystack is None else corpus(haystack)
+    return tok(text, return_tensors="pt").input_ids[0], _word_pool(text)
+
+
+def nll(model, ids: torch.Tensor, chunk: int = 4096) -> float:
+    """Mean next-token negative log-likelihood of ids [1, n], the LM head applied `chunk` positions at a time
+    (n × vocab float32 logits at once would take 20 GB at 32k for a 152k vocabulary)."""
+    with torch.no_grad():
+        hidden = model.model(ids, use_cache=False).last_hidden_state[0]
+        head = model.get_output_embeddings()
+        total = 0.0
+        for a in range(0, ids.shape[1] - 1, chunk):
+            b = min(a + chunk, ids.shape[1] - 1)
+            logits = head(hidden[a:b]).float()
+            total += float(torch.nn.functional.cross_entropy(logits, ids[0, a + 1:b + 1], reduction="sum"))
+    return total / (ids.shape[1] - 1)
 
 
 def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0), trials=30, methods=METHODS,
                  base: CrispConfig | None = None, kl_positions=16, device=None, model=None, tok=None,
-                 progress=None, perplexity=True, model_path=None):
+                 progress=None, perplexity=True, model_path=None, task: str = "words", haystack: str | None = None,
+                 configs: dict | None = None, rope=None, perplexity_text: str | None = None):
     """Cells per (method, n, depth) and perplexity per (method, n). The model (default: the bundled
-    SmolLM2, or model_path) runs in bf16 on CUDA (the kernels' dtype), fp32 on the CPU."""
-    from ..models import load_model
+    SmolLM2, or model_path) runs in bf16 on CUDA (the kernels' dtype), fp32 on the CPU.
+    task: one of TASKS; haystack: a texts corpus name (None: the licence texts); configs: extra named CRISP
+    configs usable as methods; rope: n → rope scaling dict or None, applied before each length (None: the
+    model's own); perplexity_text: a texts corpus for perplexity (None: the licence tail)."""
+    from ..models import load_model, set_rope_scaling
+    from ..workloads.texts import corpus
 
-    check_arguments(lengths, depths, trials, methods)
+    check_arguments(lengths, depths, trials, methods, task=task, configs=configs)
     base = base or CrispConfig()
     if model is None:
         cuda = device is not None and torch.device(device).type == "cuda"
         model, tok = load_model(model_path, attn_implementation="sdpa", device=device,
                                 dtype=torch.bfloat16 if cuda else torch.float32)
     dev = next(model.parameters()).device
-    text = real_text()
-    filler_ids = tok(text, return_tensors="pt").input_ids[0]
-    pool = _word_pool(text)
+    filler_ids, pool = _haystack(tok, task, haystack)
+    frame = chat_frame(tok) if task != "words" else ([], [])
+    salt = TASKS.index(task) * 7919
     cells = []
     for n in lengths:
+        if rope is not None:
+            set_rope_scaling(model, rope(n))
         for depth in depths:
             per = {m: {"correct": 0, "lost": 0, "gained": 0, "loglik": 0.0, "kl": 0.0} for m in methods}
             for t in range(trials):
-                ids, na = make_trial(tok, n, depth, seed=hash((n, int(depth * 1000), t)) & 0xFFFFFFF,
-                                     filler_ids=filler_ids, pool=pool)
+                seed = hash((n, int(depth * 1000), t + salt)) & 0xFFFFFFF
+                ids, na = make_trial(tok, n, depth, seed=seed, filler_ids=filler_ids, pool=pool) if task == "words" \
+                    else make_needle_trial(tok, task, n, depth, seed, filler_ids, pool, frame)
                 ids = ids.to(dev)
                 dense_logp, dense_ok = None, None
                 for m in ("dense",) + tuple(x for x in methods if x != "dense"):
-                    _apply(model, m, base)
+                    _apply(model, m, base, configs)
                     keep = max(kl_positions, na + 1)  # logits of the last positions only
                     with torch.no_grad():
-                        logp = torch.log_softmax(model(ids, logits_to_keep=keep).logits[0].float(), -1)
+                        logp = torch.log_softmax(model(ids, logits_to_keep=keep, use_cache=False).logits[0].float(), -1)
                     target = ids[0, -na:]
                     pred = logp[-na - 1:-1]
                     ok = bool((pred.argmax(-1) == target).all())
@@ -129,16 +210,19 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
                                   loglik=per[m]["loglik"] / trials, kl=per[m]["kl"] / trials))
     ppl = []
     if perplexity:
-        held = tok(held_out_text(), return_tensors="pt").input_ids[0]
+        text = held_out_text() if perplexity_text is None else corpus(perplexity_text)
+        held = tok(text, return_tensors="pt").input_ids[0]
         for n in lengths:
+            if rope is not None:
+                set_rope_scaling(model, rope(n))
             ids = held.repeat(-(-n // held.numel()))[:n][None].to(dev)
             for m in methods:
-                _apply(model, m, base)
-                with torch.no_grad():
-                    out = model(ids, labels=ids)
-                ppl.append(dict(method=m, n=n, perplexity=math.exp(float(out.loss))))
+                _apply(model, m, base, configs)
+                ppl.append(dict(method=m, n=n, perplexity=math.exp(nll(model, ids))))
     _apply(model, "dense", base)
-    return {"task": "induction_retrieval", "config": base.to_dict(), "cells": cells, "perplexity": ppl}
+    configs_used = {m: c.to_dict() for m, c in (configs or {}).items() if m in methods}
+    return {"task": "induction_retrieval" if task == "words" else task, "haystack": haystack or "licenses",
+            "config": base.to_dict(), "configs": configs_used, "cells": cells, "perplexity": ppl}
 
 
 def write_results(result, out_dir="bench/results", plots=True) -> str:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from ..config import CrispConfig
+
 _WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
           "kelp", "lantern", "marble", "nectar", "obsidian", "pepper", "quartz", "raven", "saffron", "tundra")
 _FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
@@ -62,6 +64,50 @@ def _time_prefill(model, ids, repeats):
         _, ttft, _ = model.generate_ids(ids, max_new_tokens=1)
         times.append(ttft)
     return statistics.median(times)
+
+
+def prefill_ms(model, ids: torch.Tensor, repeats: int = 3, warmup: int = 1) -> float:
+    """Median ms of one prefill of ids [1, n] that returns the first token: the forward with a fresh KV cache
+    and last-position logits, then the argmax (CUDA-synchronised wall time; the whole model, every layer)."""
+    def once():
+        with torch.no_grad():
+            token = model(ids, use_cache=True, logits_to_keep=1).logits[0, -1].argmax()
+        return int(token)  # the host read synchronises
+
+    for _ in range(warmup):
+        once()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        once()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def run_ttft(model, tok, lengths, methods=("dense", "crisp"), configs: dict | None = None, rope=None,
+             source: str = "code", repeats: int = 3, base=None) -> list[dict]:
+    """Whole-model TTFT per length: every method (accuracy's names: dense = SDPA, crisp, flexprefill, or a
+    name in `configs`) on the same prompt of real text (a texts corpus), in the same process; rows with
+    ttft_<method>_ms and speedup_<method> (dense's over the method's)."""
+    from ..models import set_rope_scaling
+    from ..workloads.real import text_ids
+    from .accuracy import _apply
+
+    base = base or CrispConfig()
+    rows = []
+    for n in lengths:
+        if rope is not None:
+            set_rope_scaling(model, rope(n))
+        ids = text_ids(tok, n, source=source).to(model.device)
+        row = {"length": n, "source": source}
+        for m in methods:
+            _apply(model, m, base, configs)
+            row[f"ttft_{m}_ms"] = prefill_ms(model, ids, repeats)
+        for m in methods:
+            row[f"speedup_{m}"] = row["ttft_dense_ms"] / row[f"ttft_{m}_ms"] if "dense" in methods else None
+        _apply(model, "dense", base)
+        rows.append(row)
+    return rows
 
 
 def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "bench/results", repeats: int = 5,

@@ -206,6 +206,75 @@ class _RealSource:
                 for layer in sorted(grabbed)]
 
 
+def run_real_model(model, tok, lengths, sources=("code",), methods=("dense_cudnn", "crisp", "flexprefill"),
+                   configs: dict | None = None, rope=None, repeats=5, base: CrispConfig | None = None,
+                   oracle_rows: int = 256, model_name: str = "model", progress=None, on_rows=None):
+    """Every layer of a real model on real text: per (source, n) one capture (workloads.real.capture, kept on
+    the model's device in its dtype), then per layer the op rows of `methods` and of the extra named CRISP
+    `configs` (sparse rows add sampled_error / oracle_error: the plan's and the same-budget oracle's error
+    on `oracle_rows` spread rows), and per (source, n, method) one row "<model>_<source>_all" summed over the
+    layers: ms (sum), speedup_vs_cudnn (sum of cuDNN's over the sum), density / error / recall / oracle error
+    (means over layers), max_error. cuDNN is timed once per n (the shape is every layer's). rope(n) → the
+    rope scaling to use at n (None: native)."""
+    from ..models import set_rope_scaling
+    from ..workloads.real import capture, text_ids
+
+    base = base or CrispConfig()
+    configs = dict(configs or {})
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype if device.type == "cuda" else torch.float32
+    gpu, rows = gpu_name(device), []
+    for n in lengths:
+        if rope is not None:
+            set_rope_scaling(model, rope(n))
+        dense_ms: dict = {}
+        for source in sources:
+            grabbed = capture(model, text_ids(tok, n, source=source), out_device=device, dtype=dtype)
+            layer_rows = []
+            for layer in sorted(grabbed):
+                q, k, v = grabbed.pop(layer)
+                wname = f"{model_name}_{source}_L{layer}"
+                group = _measure(q, k, v, n, wname, [m for m in methods if m in DENSE], repeats, device, base,
+                                 0, gpu, dense_ms, None)
+                ref = dense_prefill_attention(q, k, v).float()
+                for name, cfg in [(m, method_config(m, base)) for m in methods if m not in DENSE] + list(configs.items()):
+                    try:
+                        group.append(dict(n=n, method=name, workload=wname, gpu=gpu, layer=layer,
+                                          **sparse_numbers(q, k, v, cfg, ref, repeats, device, 1 << 30,
+                                                           oracle_rows=oracle_rows)))
+                    except Exception as exc:  # one broken config must not cost the other rows
+                        print(f"crisp-bench op: {wname} n={n} {name} FAILED: {type(exc).__name__}: {exc}",
+                              file=sys.stderr)
+                    if progress is not None:
+                        progress.update(1)
+                for row in group:
+                    row.setdefault("layer", layer)
+                    row["speedup_vs_cudnn"] = dense_ms["dense_cudnn"] / row["ms"] if "dense_cudnn" in dense_ms else None
+                layer_rows += group
+                del q, k, v, ref
+            rows += layer_rows + model_sums(layer_rows, f"{model_name}_{source}_all")
+            if on_rows is not None:
+                on_rows(rows)
+    return rows
+
+
+def model_sums(layer_rows, workload: str) -> list[dict]:
+    """One row per (n, method) summed over the layers of `layer_rows` (see run_real_model)."""
+    out = []
+    for n, method in dict.fromkeys((r["n"], r["method"]) for r in layer_rows):
+        rs = [r for r in layer_rows if r["n"] == n and r["method"] == method]
+        dense = [r for r in layer_rows if r["n"] == n and r["method"] == "dense_cudnn"]
+        mean = lambda key: (sum(r[key] for r in rs) / len(rs)) if all(r.get(key) is not None for r in rs) else None  # noqa: E731
+        total = sum(r["ms"] for r in rs)
+        out.append(dict(n=n, method=method, workload=workload, layers=len(rs), ms=total,
+                        speedup_vs_cudnn=sum(r["ms"] for r in dense) / total if len(dense) == len(rs) else None,
+                        density=mean("density"), rel_error=mean("rel_error"),
+                        max_error=max(r["rel_error"] for r in rs), recall=mean("recall"),
+                        routing_ms=sum(r["routing_ms"] or 0.0 for r in rs), sampled_error=mean("sampled_error"),
+                        oracle_error=mean("oracle_error"), gpu=rs[0]["gpu"]))
+    return out
+
+
 def _routing_ms(q, k, cfg, repeats, device):
     if q.is_cuda:
         try:

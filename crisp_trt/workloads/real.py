@@ -41,17 +41,21 @@ def held_out_text() -> str:
     return real_text(held_out=True)
 
 
-@functools.lru_cache(maxsize=4)
-def _source_ids(tok, held_out: bool) -> torch.Tensor:
-    """The whole source text tokenised once per tokenizer (seconds each time otherwise: one per capture)."""
-    return tok(real_text(held_out=held_out), return_tensors="pt").input_ids[0]
+@functools.lru_cache(maxsize=8)
+def _source_ids(tok, source: str) -> torch.Tensor:
+    """A whole source text tokenised once per tokenizer (seconds each time otherwise: one per capture)."""
+    from .texts import corpus
+
+    text = {"licenses": real_text, "licenses_held_out": held_out_text}.get(source, lambda: corpus(source))()
+    return tok(text, return_tensors="pt").input_ids[0]
 
 
-def text_ids(tok, n: int, held_out: bool = False, offset: int = 0) -> torch.Tensor:
-    """n token ids of real text from token `offset` on (the source repeated as needed), shape [1, n]."""
+def text_ids(tok, n: int, held_out: bool = False, offset: int = 0, source: str | None = None) -> torch.Tensor:
+    """n token ids of real text from token `offset` on (the source repeated as needed), shape [1, n].
+    source: a texts corpus name (workloads.texts), else the licence texts (held_out: their disjoint tail)."""
     if offset < 0:
         raise ValueError(f"offset={offset}: expected a token index >= 0")
-    ids = _source_ids(tok, held_out)
+    ids = _source_ids(tok, source or ("licenses_held_out" if held_out else "licenses"))
     reps = -(-(offset + n) // ids.numel())
     return ids.repeat(reps)[offset: offset + n][None]
 

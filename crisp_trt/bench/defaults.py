@@ -1,0 +1,84 @@
+"""Choosing the default CrispConfig by the model's answers on calibration text (never evaluation prompts).
+
+For every candidate config and length: whole-model prefill time (bench.e2e.prefill_ms) against dense in
+the same run, perplexity of the text, and the mean KL(dense ‖ candidate) of the next-token distributions
+over the last `kl_positions` positions (where a long prompt's answer is read). `pick` takes the fastest
+candidate whose perplexity rises by at most `max_dppl` and whose KL stays under `max_kl` at every
+(length, source): the bars are fixed before any run, the text is workloads.texts.CALIBRATION.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import CrispConfig
+from ..workloads.texts import CALIBRATION
+
+MAX_DPPL = 0.0025   # perplexity may rise by 0.25 % (half the 0.5 % acceptance bar)
+MAX_KL = 0.01       # nats, mean over the last positions
+
+
+def _scores(model, ids: torch.Tensor, kl_positions: int, dense_logp: torch.Tensor | None, chunk: int = 4096):
+    """(mean NLL over the text, log-probs of its last kl_positions positions, mean KL to dense_logp)."""
+    n = ids.shape[1]
+    with torch.no_grad():
+        hidden = model.model(ids, use_cache=False).last_hidden_state[0]
+        head = model.get_output_embeddings()
+        total, tail = 0.0, []
+        for a in range(0, n - 1, chunk):
+            b = min(a + chunk, n - 1)
+            logp = torch.log_softmax(head(hidden[a:b]).float(), -1)
+            total -= float(logp.gather(1, ids[0, a + 1:b + 1, None]).sum())
+            if b > n - 1 - kl_positions:
+                tail.append(logp[max(0, n - 1 - kl_positions - a):])
+    logp = torch.cat(tail)
+    kl = None if dense_logp is None else float((dense_logp.exp() * (dense_logp - logp)).sum(-1).mean())
+    return total / (n - 1), logp, kl
+
+
+def sweep(model, tok, candidates: dict, lengths, sources=CALIBRATION, rope=None, kl_positions: int = 2048,
+          repeats: int = 3, progress=None) -> list[dict]:
+    """Rows per (n, source, candidate): ttft_ms, speedup (dense's TTFT over it; timed on the first source
+    only), ppl, dppl (relative to dense), kl. candidates: {name: CrispConfig}; "dense" is added."""
+    from ..models import set_rope_scaling
+    from ..workloads.real import text_ids
+    from .accuracy import _apply
+    from .e2e import prefill_ms
+
+    base = CrispConfig()
+    rows = []
+    for n in lengths:
+        if rope is not None:
+            set_rope_scaling(model, rope(n))
+        for i, source in enumerate(sources):
+            ids = text_ids(tok, n, source=source).to(model.device)
+            dense_logp, dense_ms, dense_nll = None, None, None
+            for name in ("dense", *candidates):
+                _apply(model, name, base, candidates)
+                ms = prefill_ms(model, ids, repeats) if i == 0 else None
+                nll, logp, kl = _scores(model, ids, kl_positions, dense_logp)
+                if name == "dense":
+                    dense_logp, dense_ms, dense_nll = logp, ms, nll
+                rows.append(dict(n=n, source=source, method=name, ttft_ms=ms,
+                                 speedup=None if ms is None else dense_ms / ms, ppl=math.exp(nll),
+                                 dppl=math.exp(nll - dense_nll) - 1.0, kl=kl or 0.0,
+                                 config=None if name == "dense" else candidates[name].to_dict()))
+                if progress is not None:
+                    progress.update(1)
+            _apply(model, "dense", base)
+    return rows
+
+
+def pick(rows, max_dppl: float = MAX_DPPL, max_kl: float = MAX_KL) -> dict:
+    """The fastest candidate (mean speedup over the timed rows) meeting both bars at every (n, source);
+    {"name": None} when none does. Also lists every candidate's worst dppl / kl and mean speedup."""
+    table = {}
+    for name in dict.fromkeys(r["method"] for r in rows if r["method"] != "dense"):
+        rs = [r for r in rows if r["method"] == name]
+        timed = [r["speedup"] for r in rs if r["speedup"] is not None]
+        table[name] = dict(worst_dppl=max(r["dppl"] for r in rs), worst_kl=max(r["kl"] for r in rs),
+                           mean_speedup=sum(timed) / max(1, len(timed)))
+    ok = [m for m, t in table.items() if t["worst_dppl"] <= max_dppl and t["worst_kl"] <= max_kl]
+    best = max(ok, key=lambda m: table[m]["mean_speedup"], default=None)
+    return {"name": best, "max_dppl": max_dppl, "max_kl": max_kl, "candidates": table}

@@ -1,0 +1,191 @@
+"""Real long context on the GPU machine: Qwen2.5-Coder-0.5B at 16k–128k (YaRN ×4 above 32k), one step a call.
+
+    bash scripts/device/unstage.sh qwen && python3 scripts/device/qwen_long.py STEP [STEP ...] [--lengths ...]
+
+Steps (each writes $OUT/<step>.json and prints a short table last):
+  prep   the staged GGUF (unstage.sh) → bf16 HF checkpoint in /tmp/qwen_hf (later steps load that: seconds)
+  op     every layer's captured Q/K/V on the evaluation corpora: cuDNN vs CRISP vs FlexPrefill-mode, per
+         layer and summed (density, error, recall, same-budget oracle) — crisp_trt.bench.op.run_real_model
+  tune   candidate defaults on the calibration corpora: whole-model TTFT, perplexity, KL to dense; the pick
+         (crisp_trt.bench.defaults.pick) is kept in /tmp/crisp_pick.json for the steps after it
+  e2e    whole-model TTFT dense vs CRISP (and the pick, FlexPrefill-mode) on the code corpus
+  acc    passkey and multikey retrieval (paired, 4 depths) + perplexity at the first length (docs corpus)
+Needs CRISP_TRT_TEXTS (crisp_trt.workloads.texts.export) and gguf importable (for prep).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from crisp_trt.config import CrispConfig  # noqa: E402
+from crisp_trt.lengths import parse_length  # noqa: E402
+from crisp_trt.models import YARN_4, load_model  # noqa: E402
+
+HF_DIR = Path("/tmp/qwen_hf")
+PICK = Path("/tmp/crisp_pick.json")
+NATIVE = 32768
+CANDIDATES = {  # fixed before any run; chosen between on calibration text only
+    "cov0.99": CrispConfig(coverage=0.99),
+    "cov0.98": CrispConfig(coverage=0.98),
+    "cov0.95": CrispConfig(coverage=0.95),
+    "cov0.9": CrispConfig(coverage=0.9),
+    "cov0.98_b8k": CrispConfig(coverage=0.98, max_budget=8192),
+    "cov0.95_b8k": CrispConfig(coverage=0.95, max_budget=8192),
+    "cov0.95_b4k": CrispConfig(coverage=0.95, max_budget=4096),
+    "cov0.9_b4k": CrispConfig(coverage=0.9, max_budget=4096),
+}
+
+
+def rope(n: int):
+    return YARN_4 if n > NATIVE else None
+
+
+def out_dir() -> Path:
+    out = Path(os.environ.get("OUT", "bench/results/latest/qwen"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def save(name: str, data) -> None:
+    (out_dir() / f"{name}.json").write_text(json.dumps(data, indent=1))
+
+
+def picked() -> dict:
+    """{"crisp_tuned": config} when the tune step picked a config other than the default, else {}."""
+    if not PICK.is_file():
+        return {}
+    pick = json.loads(PICK.read_text())
+    cfg = pick.get("config")
+    return {"crisp_tuned": CrispConfig.from_dict(cfg)} if cfg and CrispConfig.from_dict(cfg) != CrispConfig() else {}
+
+
+def model():
+    if not HF_DIR.is_dir():
+        raise SystemExit("no /tmp/qwen_hf: run the prep step first (the machine keeps /tmp only while warm)")
+    return load_model(HF_DIR, attn_implementation="sdpa", dtype=torch.bfloat16, device="cuda")
+
+
+def step_prep(args):
+    gguf = next(Path("/tmp/crisp_stage/qwen").glob("*.gguf"), None)
+    if gguf is None:
+        raise SystemExit("prep: no staged GGUF in /tmp/crisp_stage/qwen (scripts/device/unstage.sh qwen)")
+    t = time.time()
+    mdl, tok = load_model(gguf, attn_implementation="sdpa", dtype=torch.bfloat16, logits32=False)
+    mdl.hf_quantizer = None
+    mdl.is_quantized = False
+    if hasattr(mdl.config, "quantization_config"):
+        del mdl.config.quantization_config
+    mdl.save_pretrained(HF_DIR)
+    tok.save_pretrained(HF_DIR)
+    print(f"prep: {gguf.name} → {HF_DIR} in {time.time() - t:.0f} s")
+    save("prep", {"gguf": gguf.name, "seconds": time.time() - t, "gpu": torch.cuda.get_device_name()})
+
+
+def step_op(args):
+    from crisp_trt.bench.op import run_real_model
+
+    mdl, tok = model()
+    rows = []
+    for source, lengths in (("code", args.lengths), ("docs", args.docs_lengths)):
+        rows += run_real_model(mdl, tok, lengths, sources=(source,), configs=picked(), rope=rope,
+                               repeats=args.repeats, model_name="qwen", on_rows=lambda r: save("op", {"rows": rows + r}))
+        save("op", {"rows": rows})
+    print(f"{'workload':<14}{'n':>8} {'method':<12}{'ms':>9}{'x cuDNN':>9}{'density':>9}{'error':>8}"
+          f"{'oracle':>8}{'recall':>8}")
+    for r in rows:
+        if r["workload"].endswith("_all"):
+            print(f"{r['workload']:<14}{r['n']:>8} {r['method']:<12}{r['ms']:>9.1f}{r['speedup_vs_cudnn'] or 0:>9.2f}"
+                  f"{r['density']:>9.3f}{r['rel_error']:>8.4f}{r['oracle_error'] or 0:>8.4f}{r['recall']:>8.3f}")
+
+
+def step_tune(args):
+    from crisp_trt.bench import defaults
+
+    mdl, tok = model()
+    rows = defaults.sweep(mdl, tok, CANDIDATES, args.tune_lengths, rope=rope)
+    pick = defaults.pick(rows)
+    pick["config"] = CANDIDATES[pick["name"]].to_dict() if pick["name"] else None
+    PICK.write_text(json.dumps(pick))
+    save("tune", {"rows": rows, "pick": pick})
+    print(f"{'n':>7} {'source':<11}{'method':<13}{'ttft ms':>9}{'x dense':>8}{'dppl %':>8}{'kl':>9}")
+    for r in rows:
+        print(f"{r['n']:>7} {r['source']:<11}{r['method']:<13}{r['ttft_ms'] or 0:>9.1f}{r['speedup'] or 0:>8.2f}"
+              f"{100 * r['dppl']:>8.3f}{r['kl']:>9.5f}")
+    print("pick:", pick["name"], json.dumps(pick["candidates"].get(pick["name"], {})))
+
+
+def step_e2e(args):
+    from crisp_trt.bench.e2e import run_ttft
+
+    mdl, tok = model()
+    configs = picked()
+    methods = ("dense", "crisp", *configs, "flexprefill")
+    rows = run_ttft(mdl, tok, args.lengths, methods, configs, rope=rope, repeats=args.repeats)
+    save("e2e", {"rows": rows, "configs": {k: c.to_dict() for k, c in configs.items()}})
+    for r in rows:
+        print(f"n={r['length']:>7} " + " ".join(f"{m} {r[f'ttft_{m}_ms']:.0f} ms ({r[f'speedup_{m}']:.2f}x)" for m in methods))
+
+
+def step_acc(args):
+    from crisp_trt.bench.accuracy import run_accuracy
+
+    mdl, tok = model()
+    configs = picked()
+    methods = tuple(m for m in ("dense", "crisp", *configs, "flexprefill") if m not in args.skip)
+    deadline = time.time() + args.budget_s
+    result = {"cells": [], "perplexity": [], "skipped": [], "configs": {k: c.to_dict() for k, c in configs.items()}}
+    for n in args.lengths:
+        for task in ("passkey", "multikey"):
+            if time.time() > deadline:
+                result["skipped"].append({"n": n, "task": task, "why": "time budget"})
+                continue
+            res = run_accuracy(lengths=(n,), depths=(0.0, 1 / 3, 2 / 3, 1.0), trials=args.trials, methods=methods,
+                               model=mdl, tok=tok, task=task, haystack="code", configs=configs, rope=rope,
+                               perplexity=args.ppl and task == "passkey" and n == args.lengths[0],
+                               perplexity_text="docs")
+            result["cells"] += [{**c, "task": task} for c in res["cells"]]
+            result["perplexity"] += res["perplexity"]
+            save(f"acc_{args.tag}", result)
+    for task in ("passkey", "multikey"):
+        for n in args.lengths:
+            cells = [c for c in result["cells"] if c["task"] == task and c["n"] == n]
+            if cells:
+                print(f"{task:<9}{n:>7} " + "  ".join(
+                    f"{m} {sum(c['accuracy'] for c in cells if c['method'] == m) / 4:.3f}"
+                    f" (-{sum(c['lost'] for c in cells if c['method'] == m)}/+{sum(c['gained'] for c in cells if c['method'] == m)})"
+                    for m in methods))
+    for p in result["perplexity"]:
+        print(f"perplexity n={p['n']} {p['method']}: {p['perplexity']:.4f}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("steps", nargs="+", choices=("prep", "op", "tune", "e2e", "acc"))
+    lengths = lambda s: [parse_length(x) for x in s.split(",")]  # noqa: E731
+    p.add_argument("--lengths", type=lengths, default=lengths("16k,32k,64k,128k"))
+    p.add_argument("--docs-lengths", type=lengths, default=lengths("32k,128k"), help="op: lengths on the docs corpus")
+    p.add_argument("--tune-lengths", type=lengths, default=lengths("32k,128k"))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--skip", default="", help="acc: methods to leave out, comma-separated")
+    p.add_argument("--no-ppl", dest="ppl", action="store_false")
+    p.add_argument("--budget-s", type=float, default=520.0, help="acc: start no (length, task) after this")
+    p.add_argument("--tag", default="main", help="acc: JSON name suffix")
+    args = p.parse_args(argv)
+    args.skip = set(filter(None, args.skip.split(",")))
+    for step in args.steps:
+        t = time.time()
+        globals()[f"step_{step}"](args)
+        print(f"== {step}: {time.time() - t:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
