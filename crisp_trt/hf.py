@@ -11,8 +11,9 @@ routes every attention layer through `crisp_attention_forward`:
 * prefill — query length == key length ≥ max(dense_below, 1), no attention mask (no padding; the
   SDPA mask builder returns None for a plain causal batch), default scaling 1/√d, no dropout, no
   sliding window → `crisp_prefill_attention` (CPU: reference, CUDA: Triton kernels);
-* everything else (decode with a KV cache, short prompts, padded batches, chunked prefill) →
-  transformers' own `sdpa_attention_forward`, i.e. dense.
+* everything else (decode with a KV cache, short prompts, padded batches, chunked prefill, sliding-window
+  layers: Mistral/Qwen2 `use_sliding_window`, Gemma-2/3 `layer_types`) → transformers' own
+  `sdpa_attention_forward`, i.e. dense. Logit soft-capping (Gemma-2) has no SDPA path: a clear error.
 
 The CrispConfig is per model or per layer: `set_crisp_config(model, cfg)` stores `cfg.to_dict()` (or,
 for a list of configs, one dict per layer: a crisp-build artifact's calibrated kappa/tau) in
@@ -82,6 +83,10 @@ def crisp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     returns (attn_output [B, q, H, d], None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if kwargs.get("softcap") is not None:
+        raise ValueError(f"attn_implementation='crisp': softcap={kwargs['softcap']} (attention logit soft-capping, "
+                         "Gemma-2's attn_logit_softcapping) is not supported by CRISP or SDPA; load the model with "
+                         "attn_implementation='eager' or set config.attn_logit_softcapping=None")
     cfg = _config_from(getattr(module, "config", None), getattr(module, "layer_idx", 0) or 0)
     q_len, k_len, d = query.shape[2], key.shape[2], query.shape[-1]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

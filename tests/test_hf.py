@@ -117,3 +117,49 @@ def test_float32_logits_on_a_half_model():
     assert torch.isfinite(after).all()
     assert (after - ref).abs().max() <= (before - ref).abs().max()
     assert (after - before).abs().max() < 0.1  # the same head, without bf16's rounding of its output
+
+
+@pytest.mark.parametrize("family", ["qwen2_sliding", "mistral_sliding", "gemma2", "gemma3"])
+def test_crisp_only_on_full_attention_layers(family):
+    """Sliding-window / hybrid models: CRISP runs on the full-attention layers, the model's own (dense)
+    attention on the sliding ones — tiny random-weight configs of each family."""
+    import transformers as tf
+
+    from crisp_trt import hf
+
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=1024)
+    cfg, cls, full = {
+        "qwen2_sliding": (tf.Qwen2Config(**common, use_sliding_window=True, sliding_window=64, max_window_layers=2),
+                          tf.Qwen2ForCausalLM, 2),
+        "mistral_sliding": (tf.MistralConfig(**common, sliding_window=64), tf.MistralForCausalLM, 0),
+        "gemma2": (tf.Gemma2Config(**common, head_dim=16, sliding_window=64, attn_logit_softcapping=None,
+                                   query_pre_attn_scalar=16), tf.Gemma2ForCausalLM, 2),
+        "gemma3": (tf.Gemma3TextConfig(**common, head_dim=16, sliding_window=64, sliding_window_pattern=2,
+                                       query_pre_attn_scalar=16), tf.Gemma3ForCausalLM, 2),
+    }[family]
+    cfg._attn_implementation = "crisp"
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    hf.set_crisp_config(model, CrispConfig(block_size=64, dense_below=0, min_budget=64, kappa=0.0))
+    ids = torch.randint(0, 128, (1, 200))
+    hf.CALLS.clear()
+    with torch.no_grad():
+        out = model(ids).logits
+    assert hf.CALLS["crisp"] == full and hf.CALLS["dense"] == 4 - full
+    model.config._attn_implementation = "sdpa"
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        ref = model(ids).logits
+    assert float((out - ref).norm() / ref.norm()) < 1e-4  # kappa 0 keeps every block: dense's answer
+
+
+def test_softcap_is_a_clear_error():
+    import transformers as tf
+
+    cfg = tf.Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, attn_logit_softcapping=50.0)
+    cfg._attn_implementation = "crisp"
+    model = tf.Gemma2ForCausalLM(cfg).eval()
+    with pytest.raises(ValueError, match="softcap"):
+        model(torch.randint(0, 128, (1, 64)))
