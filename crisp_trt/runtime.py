@@ -106,10 +106,9 @@ class CrispModel:
 
 
 def _rank0_argmax(logits: torch.Tensor) -> int:
-    """The greedy token as rank 0 picks it, on every rank (the ranks' logits agree; this makes sure)."""
-    token = logits.argmax().reshape(1)
-    if torch.distributed.get_backend() == "nccl":
-        token = token.to(torch.device("cuda", torch.cuda.current_device()))
+    """The greedy token as rank 0 picks it, on every rank (the ranks' logits agree; this makes sure that an
+    exact tie can never send the ranks down different paths)."""
+    token = logits.argmax().reshape(1)  # on the rank's device: the CPU under gloo, its GPU under NCCL
     torch.distributed.broadcast(token, src=0)
     return int(token)
 
