@@ -183,6 +183,11 @@ def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtyp
     path = _require_artifact(artifact_dir)
     crisp = read_crisp(path)
     check_tp(path, tp)
+    if not (isinstance(rank, int) and 0 <= rank < tp):
+        raise ValueError(f"rank={rank!r}: expected an int in [0, tp={tp})")
+    if tp > 1 and not (torch.distributed.is_initialized() and torch.distributed.get_world_size() == tp):
+        raise ValueError(f"tp={tp}: expected a torch.distributed process group of {tp} ranks; generate_tp and "
+                         "crisp-run --tp start one")
     model, tok = load_model(path, "sdpa", dtype=dtype, device=(device or None) if tp == 1 else None)
     if tp > 1:
         model = tensor_parallel.shard_model(model, tp, rank).to(device or "cpu")

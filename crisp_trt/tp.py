@@ -57,10 +57,10 @@ def kv_heads_per_rank(kv_heads: int, tp: int) -> int:
 
 
 def split(t: torch.Tensor, tp: int, rank: int, dim: int) -> torch.Tensor:
-    """Rank `rank`'s equal part of t along dim."""
+    """Rank `rank`'s equal part of t along dim, in its own storage (a view would keep the whole tensor alive)."""
     if t.shape[dim] % tp:
         raise ValueError(f"cannot split dim {dim} of size {t.shape[dim]} into tp={tp} equal parts")
-    return torch.chunk(t, tp, dim=dim)[rank].contiguous()
+    return torch.chunk(t, tp, dim=dim)[rank].clone(memory_format=torch.contiguous_format)
 
 
 def dup_kv(t: torch.Tensor, kv_heads: int, tp: int) -> torch.Tensor:
@@ -128,13 +128,11 @@ def shard_model(model, tp: int, rank: int, group=None):
         bias = None if module.bias is None else shard(name + ".bias", module.bias.detach(), tp, rank, kv)
         if kind == ROW:
             new = RowParallelLinear(weight, bias, group)
-        else:
-            new = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
-                                  dtype=weight.dtype)
-            new.weight.copy_(weight)
+        else:  # built on "meta" (no allocation, no init), then given the shard
+            new = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+            new.weight = torch.nn.Parameter(weight, requires_grad=False)
             if bias is not None:
-                new.bias.copy_(bias)
-            new.requires_grad_(False)
+                new.bias = torch.nn.Parameter(bias, requires_grad=False)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, new)
     for module in model.modules():

@@ -160,6 +160,15 @@ def test_crisp_run_tp_spawns_its_ranks(tiny):
     assert proc.stdout.rstrip("\n") == one.text and "tp 2" in proc.stderr
 
 
+def test_load_without_ranks_says_how(tiny):
+    from crisp_trt import runtime
+
+    with pytest.raises(ValueError, match="tp=2: expected a torch.distributed process group of 2 ranks"):
+        runtime.load(tiny, tp=2, rank=0)
+    with pytest.raises(ValueError, match=r"rank=2: expected an int in \[0, tp=2\)"):
+        runtime.load(tiny, tp=2, rank=2)
+
+
 @pytest.mark.parametrize("bad", ["3", "0"])
 def test_crisp_run_bad_tp(tiny, bad, capsys):
     from crisp_trt import runtime
