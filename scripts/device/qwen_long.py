@@ -58,13 +58,17 @@ def save(name: str, data) -> None:
     (out_dir() / f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
-def picked() -> dict:
-    """{"crisp_tuned": config} when the tune step picked a config other than the default, else {}."""
+def picked(extra: str | None = None) -> dict:
+    """{"crisp_tuned": config} when the tune step picked a config other than the default, else {}; with
+    `extra` (a CANDIDATES name), {extra: that config} as well."""
+    more = {extra: CANDIDATES[extra]} if extra else {}
     if not PICK.is_file():
+        return more
         return {}
     pick = json.loads(PICK.read_text())
     cfg = pick.get("config")
-    return {"crisp_tuned": CrispConfig.from_dict(cfg)} if cfg and CrispConfig.from_dict(cfg) != CrispConfig() else {}
+    tuned = {"crisp_tuned": CrispConfig.from_dict(cfg)} if cfg and CrispConfig.from_dict(cfg) != CrispConfig() else {}
+    return {**tuned, **more}
 
 
 def model():
@@ -138,18 +142,18 @@ def step_acc(args):
     from crisp_trt.bench.accuracy import run_accuracy
 
     mdl, tok = model()
-    configs = picked()
+    configs = picked(args.extra)
     methods = tuple(m for m in ("dense", "crisp", *configs, "flexprefill") if m not in args.skip)
     deadline = time.time() + args.budget_s
     result = {"cells": [], "perplexity": [], "skipped": [], "configs": {k: c.to_dict() for k, c in configs.items()}}
     for n in args.lengths:
-        for task in ("passkey", "multikey"):
+        for task in args.tasks.split(","):
             if time.time() > deadline:
                 result["skipped"].append({"n": n, "task": task, "why": "time budget"})
                 continue
             res = run_accuracy(lengths=(n,), depths=(0.0, 1 / 3, 2 / 3, 1.0), trials=args.trials, methods=methods,
                                model=mdl, tok=tok, task=task, haystack="code", configs=configs, rope=rope,
-                               perplexity=args.ppl and task == "passkey" and n == args.lengths[0],
+                               perplexity=args.ppl and task == "passkey" and n == args.ppl_length,
                                perplexity_text="docs")
             result["cells"] += [{**c, "task": task} for c in res["cells"]]
             result["perplexity"] += res["perplexity"]
@@ -177,6 +181,9 @@ def main(argv=None):
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--skip", default="", help="acc: methods to leave out, comma-separated")
     p.add_argument("--no-ppl", dest="ppl", action="store_false")
+    p.add_argument("--ppl-length", type=parse_length, default=32768, help="acc: perplexity at this length")
+    p.add_argument("--extra", choices=tuple(CANDIDATES), default=None, help="acc: one more CRISP config to score")
+    p.add_argument("--tasks", default="passkey,multikey", help="acc: tasks, comma-separated")
     p.add_argument("--budget-s", type=float, default=520.0, help="acc: start no (length, task) after this")
     p.add_argument("--tag", default="main", help="acc: JSON name suffix")
     args = p.parse_args(argv)
