@@ -178,3 +178,25 @@ def test_qwen_assembly_checks_sha(monkeypatch, tmp_path):
     monkeypatch.setattr(models, "QWEN_SIZE", len(whole) + 1)  # force a rebuild: the part is missing now
     with pytest.raises(FileNotFoundError, match=r"\.\[qwen\]"):
         models.qwen_path(tmp_path / "cache")
+
+
+def test_rope_for_length(tiny):
+    from crisp_trt.models import rope_for
+
+    model, _ = tiny  # native context 1024
+    scaling = rope_for(model)
+    assert scaling(1024) is None and scaling(1025)["factor"] == 2.0 and scaling(4096)["factor"] == 4.0
+    assert scaling(3000) == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+
+
+def test_op_real_workload_on_a_checkpoint(tiny, texts, tmp_path):
+    """crisp-bench op's "real" workload: a saved checkpoint, the chosen layers and their sum, ROW_KEYS rows."""
+    from crisp_trt.bench.op import ROW_KEYS, run_op
+
+    model, tok = tiny
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    rows = run_op(lengths=(256,), methods=("dense_cudnn", "crisp"), workloads=("real",), repeats=1, base=SMALL,
+                  model_path=str(tmp_path / "ckpt"), real_layers=(1,), real_source="code")
+    assert all(set(r) == set(ROW_KEYS) for r in rows)
+    assert [r["workload"] for r in rows] == ["ckpt_code_L1"] * 2 + ["ckpt_code_all"] * 2

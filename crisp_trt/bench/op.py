@@ -106,10 +106,13 @@ def _one_sequence(q, k, v):
 def run_op(lengths=(512, 1024), shapes=("smollm2",), methods=METHODS, workloads=("synthetic",), repeats=5,
            device="cpu", dtype=None, base: CrispConfig | None = None, recall_max_n: int = 16384,
            spec: SyntheticSpec | None = None, progress=None, real_layers=(0, 15, 29), model_path=None,
-           on_rows=None):
+           on_rows=None, real_source: str = "licenses"):
     """Benchmark rows (list of dicts with ROW_KEYS), in (workload, shape, n) order. Dense timings are
     measured once per (shape, n) and shared by the workloads (they do not depend on the values); a
-    method that raises is reported on stderr and skipped; on_rows(rows) is called after every input."""
+    method that raises is reported on stderr and skipped; on_rows(rows) is called after every input.
+    Workload "real": the model at model_path (default SmolLM2; "qwen" for the bundled Qwen) on `real_source`
+    text (workloads.real.text_ids), `real_layers` of it (None: every layer) plus their sum (run_real_model),
+    with YaRN past the model's native context (models.rope_for)."""
     unknown = [w for w in workloads if w != "real" and w not in SYNTHETIC]
     if unknown:
         raise ValueError(f"workloads={unknown}: expected some of {['real', *SYNTHETIC]}")
@@ -117,21 +120,37 @@ def run_op(lengths=(512, 1024), shapes=("smollm2",), methods=METHODS, workloads=
     base = base or CrispConfig()
     rows, dense_ms = [], {}
     gpu = gpu_name(device)
-    real = _RealSource(model_path, real_layers) if "real" in workloads else None
     for workload in workloads:
+        if workload == "real":
+            rows += [{key: r.get(key) for key in ROW_KEYS} for r in
+                     _real_rows(model_path, lengths, methods, real_layers, real_source, repeats, device, dtype, base,
+                                progress)]
+            if on_rows is not None:
+                on_rows(rows)
+            continue
         for shape in shapes:
             for n in lengths:
-                inputs = real(n, device, dtype) if workload == "real" else \
-                    [synthetic_input(workload, shape, n, spec, device, dtype)]
-                for wname, (q, k, v) in inputs:
-                    group = _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gpu,
-                                     dense_ms.setdefault((shape if workload != "real" else wname, n), {}),
-                                     progress)
-                    rows += [{key: r.get(key) for key in ROW_KEYS} for r in group]
-                    del q, k, v
-                    if on_rows is not None:
-                        on_rows(rows)
+                wname, (q, k, v) = synthetic_input(workload, shape, n, spec, device, dtype)
+                group = _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gpu,
+                                 dense_ms.setdefault((shape, n), {}), progress)
+                rows += [{key: r.get(key) for key in ROW_KEYS} for r in group]
+                del q, k, v
+                if on_rows is not None:
+                    on_rows(rows)
     return rows
+
+
+def _real_rows(model_path, lengths, methods, layers, source, repeats, device, dtype, base, progress):
+    from pathlib import Path
+
+    from ..models import load_model, model_path as resolve, rope_for
+
+    path = resolve(model_path)
+    model, tok = load_model(path, attn_implementation="sdpa", device=device,
+                            dtype=dtype if torch.device(device).type == "cuda" else torch.float32)
+    name = str(model_path) if str(model_path) in ("smollm2", "qwen") else Path(path).stem.split(".")[0].lower()
+    return run_real_model(model, tok, lengths, sources=(source,), methods=methods, rope=rope_for(model),
+                          repeats=repeats, base=base, model_name=name, layers=layers, progress=progress)
 
 
 def _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gpu, dense_ms, progress):
@@ -188,32 +207,14 @@ def synthetic_input(workload, shape, n, spec, device, dtype):
     return f"{workload}_{shape}", workload_qkv(spec, n, heads, kv, d, seed=n, device=device, dtype=dtype)
 
 
-class _RealSource:
-    """Real SmolLM2 Q/K/V (workloads.real.capture_qkv), the model loaded once for every length."""
-
-    def __init__(self, model_path, layers):
-        self.model_path, self.layers, self.model = model_path, layers, None
-
-    def __call__(self, n, device, dtype):
-        from ..models import load_model
-        from ..workloads.real import capture_qkv
-
-        if self.model is None:
-            self.model = load_model(self.model_path, attn_implementation="sdpa", device=device,
-                                    dtype=dtype if torch.device(device).type == "cuda" else torch.float32)
-        grabbed = capture_qkv(n, layers=self.layers, model=self.model[0], tok=self.model[1])
-        return [(f"real_smollm2_L{layer}", tuple(t.to(device=device, dtype=dtype) for t in grabbed[layer]))
-                for layer in sorted(grabbed)]
-
-
 def run_real_model(model, tok, lengths, sources=("code",), methods=("dense_cudnn", "crisp", "flexprefill"),
                    configs: dict | None = None, rope=None, repeats=5, base: CrispConfig | None = None,
-                   oracle_rows: int = 256, model_name: str = "model", progress=None, on_rows=None):
+                   oracle_rows: int = 256, model_name: str = "model", progress=None, on_rows=None, layers=None):
     """Every layer of a real model on real text: per (source, n) one capture (workloads.real.capture, kept on
-    the model's device in its dtype), then per layer the op rows of `methods` and of the extra named CRISP
+    the model's device in its dtype; `layers`: None = every layer), then per layer the op rows of `methods` and of the extra named CRISP
     `configs` (sparse rows add sampled_error / oracle_error: the plan's and the same-budget oracle's error
     on `oracle_rows` spread rows), and per (source, n, method) one row "<model>_<source>_all" summed over the
-    layers: ms (sum), speedup_vs_cudnn (sum of cuDNN's over the sum), density / error / recall / oracle error
+    layers (its "layers" says how many): ms (sum), speedup_vs_cudnn (sum of cuDNN's over the sum), density / error / recall / oracle error
     (means over layers), max_error. cuDNN is timed once per n (the shape is every layer's). rope(n) → the
     rope scaling to use at n (None: native)."""
     from ..models import set_rope_scaling
@@ -229,7 +230,7 @@ def run_real_model(model, tok, lengths, sources=("code",), methods=("dense_cudnn
             set_rope_scaling(model, rope(n))
         dense_ms: dict = {}
         for source in sources:
-            grabbed = capture(model, text_ids(tok, n, source=source), out_device=device, dtype=dtype)
+            grabbed = capture(model, text_ids(tok, n, source=source), layers, out_device=device, dtype=dtype)
             layer_rows = []
             for layer in sorted(grabbed):
                 q, k, v = grabbed.pop(layer)

@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from crisp_trt.config import CrispConfig  # noqa: E402
 from crisp_trt.lengths import parse_length  # noqa: E402
-from crisp_trt.models import YARN_4, load_model  # noqa: E402
+from crisp_trt.models import load_model, rope_for  # noqa: E402
 
 HF_DIR = Path("/tmp/qwen_hf")
 PICK = Path("/tmp/crisp_pick.json")
-NATIVE = 32768
 CANDIDATES = {  # fixed before any run; chosen between on calibration text only
+    "default": CrispConfig(),
     "cov0.99": CrispConfig(coverage=0.99),
     "cov0.98": CrispConfig(coverage=0.98),
     "cov0.95": CrispConfig(coverage=0.95),
@@ -42,10 +42,6 @@ CANDIDATES = {  # fixed before any run; chosen between on calibration text only
     "cov0.95_b4k": CrispConfig(coverage=0.95, max_budget=4096),
     "cov0.9_b4k": CrispConfig(coverage=0.9, max_budget=4096),
 }
-
-
-def rope(n: int):
-    return YARN_4 if n > NATIVE else None
 
 
 def out_dir() -> Path:
@@ -99,7 +95,7 @@ def step_op(args):
     mdl, tok = model()
     rows = []
     for source, lengths in (("code", args.lengths), ("docs", args.docs_lengths)):
-        rows += run_real_model(mdl, tok, lengths, sources=(source,), configs=picked(), rope=rope,
+        rows += run_real_model(mdl, tok, lengths, sources=(source,), configs=picked(), rope=rope_for(mdl),
                                repeats=args.repeats, model_name="qwen", on_rows=lambda r: save("op", {"rows": rows + r}))
         save("op", {"rows": rows})
     print(f"{'workload':<14}{'n':>8} {'method':<12}{'ms':>9}{'x cuDNN':>9}{'density':>9}{'error':>8}"
@@ -114,7 +110,7 @@ def step_tune(args):
     from crisp_trt.bench import defaults
 
     mdl, tok = model()
-    rows = defaults.sweep(mdl, tok, CANDIDATES, args.tune_lengths, rope=rope)
+    rows = defaults.sweep(mdl, tok, CANDIDATES, args.tune_lengths, rope=rope_for(mdl))
     pick = defaults.pick(rows)
     pick["config"] = CANDIDATES[pick["name"]].to_dict() if pick["name"] else None
     PICK.write_text(json.dumps(pick))
@@ -132,7 +128,7 @@ def step_e2e(args):
     mdl, tok = model()
     configs = picked()
     methods = ("dense", "crisp", *configs, "flexprefill")
-    rows = run_ttft(mdl, tok, args.lengths, methods, configs, rope=rope, repeats=args.repeats)
+    rows = run_ttft(mdl, tok, args.lengths, methods, configs, rope=rope_for(mdl), repeats=args.repeats)
     save("e2e", {"rows": rows, "configs": {k: c.to_dict() for k, c in configs.items()}})
     for r in rows:
         print(f"n={r['length']:>7} " + " ".join(f"{m} {r[f'ttft_{m}_ms']:.0f} ms ({r[f'speedup_{m}']:.2f}x)" for m in methods))
@@ -152,7 +148,7 @@ def step_acc(args):
                 result["skipped"].append({"n": n, "task": task, "why": "time budget"})
                 continue
             res = run_accuracy(lengths=(n,), depths=(0.0, 1 / 3, 2 / 3, 1.0), trials=args.trials, methods=methods,
-                               model=mdl, tok=tok, task=task, haystack="code", configs=configs, rope=rope,
+                               model=mdl, tok=tok, task=task, haystack="code", configs=configs, rope=rope_for(mdl),
                                perplexity=args.ppl and task == "passkey" and n == args.ppl_length,
                                perplexity_text="docs")
             result["cells"] += [{**c, "task": task} for c in res["cells"]]
