@@ -54,7 +54,9 @@ def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: in
     steps.set_postfix_str("loading checkpoint")
     mdl, tok = load_checkpoint(model, dtype)
     if rope_scaling:
-        mdl.config.rope_scaling = rope_scaling
+        from crisp_trt.models import set_rope_scaling
+
+        set_rope_scaling(mdl, rope_scaling)  # transformers 5 reads rope_parameters; a bare rope_scaling is lost
     steps.update()
     base = base or CrispConfig()
     if block_size is not None:

@@ -114,27 +114,30 @@ def _tiny_qwen2(root):
     return root
 
 
-def _build(model, out, max_seq, dtype="fp32"):
+def _build(model, out, max_seq, dtype="fp32", rope_scaling=None):
     """A crisp-build torch artifact without calibration, CRISP at every length (dense_below=0); every run
     computes in fp32 (bf16 weights only halve the files)."""
     from crisp_trt.builder.artifact import build
     from crisp_trt.config import CrispConfig
 
     return build(model, out, max_seq=max_seq, dtype=dtype, calibrate_tokens=0, progress=False,
-                 base=CrispConfig(dense_below=0))
+                 base=CrispConfig(dense_below=0), rope_scaling=rope_scaling)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp_tiny")
-    return _build(_tiny_qwen2(root / "hf"), root / "artifact", 1024)
+    return _build(_tiny_qwen2(root / "hf"), root / "artifact", 4096, rope_scaling={"rope_type": "yarn", "factor": 4.0})
 
 
 def test_tiny_qwen2_tp2_equals_tp1(tiny):
-    """Biases sharded, the single kv head duplicated on both ranks, 3 blocks of 128 through CRISP."""
+    """Biases sharded, the single kv head duplicated on both ranks, 3 blocks of 128 through CRISP, YaRN
+    RoPE (the builder's --rope-scaling reaches the saved config, as the 128k GPU run needs)."""
     from crisp_trt import runtime
 
-    assert json.loads((tiny / "config.json").read_text())["crisp"]["format"] == runtime.FORMAT
+    cfg = json.loads((tiny / "config.json").read_text())
+    assert cfg["crisp"]["format"] == runtime.FORMAT
+    assert cfg["rope_parameters"]["rope_type"] == "yarn" and cfg["rope_parameters"]["factor"] == 4.0
     ids = torch.randint(0, 62, (1, 300), generator=torch.Generator().manual_seed(1))
     _assert_tp_equals_tp1(tiny, 2, ids)
 
