@@ -1,10 +1,12 @@
 /*
- * CrispParams: the plugin's fields (CrispConfig's knobs + head counts), their schema and validation.
- * Field names, types and ranges mirror crisp_trt/config.py exactly; crisp_trt/plugin.py builds them.
+ * The plugin's fields (CrispConfig's knobs + head counts): parsing, validation and serialisation. CrispParams,
+ * the field table (CRISP_FIELDS) and the range checks are generated from crisp_trt/kernels/contract.py into
+ * crispPrefillAttentionContract.h; crisp_trt/plugin.py builds the fields on the Python side.
  */
 #pragma once
 
 #include "NvInferRuntime.h"
+#include "crispPrefillAttentionContract.h"
 
 #include <cstdint>
 #include <string>
@@ -12,34 +14,6 @@
 
 namespace crisp
 {
-
-struct CrispParams
-{
-    int32_t blockSize{128};
-    int32_t lastQ{0};
-    int32_t sinkTokens{4};
-    int32_t localBlocks{1};
-    float kappa{8.F};
-    float coverage{0.999F};
-    float floorQuantile{0.5F};
-    float tau{0.5F};
-    int32_t minBudget{512};
-    int32_t maxBudget{16384};
-    int32_t denseBelow{1024};
-    std::string routing{"struct"};
-    std::string budget{"floor"};
-    float gamma{0.9F};
-    int32_t floorSamples{64};
-    int32_t numHeads{0};
-    int32_t numKvHeads{0};
-    int32_t headDim{0};
-
-    //! Rows L of the proxy map (last_q, 0 meaning block_size).
-    int32_t window() const noexcept
-    {
-        return lastQ == 0 ? blockSize : lastQ;
-    }
-};
 
 //! The creator's field schema: one entry per field, all required, each of length 1 (strings: their length).
 nvinfer1::PluginFieldCollection const* crispFieldNames() noexcept;

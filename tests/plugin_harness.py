@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Drive the TensorRT plugin's enqueue on torch CUDA tensors (plugin/tests/crispPluginHarness.cpp via ctypes),
-and time it against the torch op.
+and time it against the torch op. tests/test_plugin.py imports it; scripts/device/gpu_plugin.sh runs it.
 
-    scripts/aot_harness.py [--build build/plugin] [--runtime libnvinfer_lean.so.11] [--json OUT.json]
-    scripts/aot_harness.py --smoke      one 8k enqueue, no torch op (what compute-sanitizer runs)
+    python3 tests/plugin_harness.py [--build build/plugin] [--runtime libnvinfer_lean.so.11] [--json OUT.json]
+    python3 tests/plugin_harness.py --smoke      one 8k enqueue, no torch op (what compute-sanitizer runs)
 
 For each case it compares the plugin's output (the AOT cubins of crisp_trt/kernels/, the whole sparse
 pipeline) with crisp_prefill_attention's on the same inputs and config (max_seqlen = tokens, the op's default,
@@ -20,10 +20,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from crisp_trt import CrispConfig, crisp_prefill_attention  # noqa: E402
-from crisp_trt import plugin as crisp_plugin  # noqa: E402
+from crisp_trt import CrispConfig, crisp_prefill_attention
+from crisp_trt import plugin as crisp_plugin
 
 CONFIG = CrispConfig()
 KINDS = {"INT32": 0, "FLOAT32": 1, "CHAR": 2}

@@ -24,7 +24,7 @@ def test_op_cli_schema_and_summary(tmp_path, capsys):
     step = tmp_path / "work" / "op_step"
     main(["op", "--lengths", "256", "--shapes", "smollm2", "--repeats", "1", "--out", str(step),
           "--config", str(cfg), "--device", "cpu", "--no-plots"])
-    summary.main([str(tmp_path / "work"), str(tmp_path)])  # merges the step into tmp_path, prints the table
+    summary.main([str(tmp_path / "work"), str(tmp_path), "--tar"])  # merges the step into tmp_path, prints the table
     assert "synthetic_smollm2" in capsys.readouterr().out
     assert (tmp_path / "results.tar.gz").exists() and (tmp_path / "summary.txt").exists()
     rows = json.loads((tmp_path / "op_latest.json").read_text())["rows"]

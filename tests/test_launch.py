@@ -1,23 +1,23 @@
-"""launch.py: the workspace layout (shared with the plugin) and the direct CompiledKernel launch path."""
+"""launch.py and contract.py: the workspace layout and launch contract shared with the plugin (its generated
+header is current, computes what Python computes, and the contract's ranges are CrispConfig's), and the direct
+CompiledKernel launch path."""
 import inspect
+import itertools
 import math
-import sys
-from pathlib import Path
+import shutil
+import subprocess
 
+import numpy as np
 import pytest
 import torch
 
-from crisp_trt import CrispConfig, reference
-from crisp_trt.kernels import launch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from crisp_trt import CrispConfig, method_config, reference
+from crisp_trt.kernels import aot, contract, launch
 
 
 def test_every_kernel_declares_its_constexprs_last():
     """launch.run's direct launch passes the positional arguments, then the constexprs in signature order."""
-    import aot_kernels  # every kernel the op launches (the plugin's list)
-
-    for k in aot_kernels.KERNELS.values():
+    for k in aot.KERNELS.values():  # every kernel the op launches (the plugin's list)
         flags = ["constexpr" in str(p.annotation) for p in inspect.signature(k.fn).parameters.values()]
         assert flags == sorted(flags), launch.name(k)
         assert launch.constexpr_names(k) == tuple(
@@ -44,6 +44,135 @@ def test_workspace_layout(seqs, heads, kv_heads, d, tokens, cfg):
             assert offset >= ws.zeroed, name
     assert zero_end <= ws.zeroed < zero_end + launch.ALIGN
     assert end <= ws.size < end + launch.ALIGN
+
+
+def test_contract_header_is_current():
+    """plugin/crispPrefillAttentionContract.h is what contract.py generates: a size, buffer, launch, argument,
+    field or range changed in Python without regenerating fails here."""
+    assert aot.CONTRACT_HEADER.read_text() == aot.render_contract(), \
+        "stale plugin contract: regenerate it with python3 -m crisp_trt.kernels.aot --contract"
+
+
+_INTS = (-1, 0, 1, 3, 15, 16, 17, 32, 48, 63, 64, 65, 96, 127, 128, 129, 256, 512, 1023, 1024, 1025, 16384, 65536,
+         65537)
+_FLOATS = (-0.5, 0.0, 0.25, 1.0, 1.5, 8.0, float("inf"), float("nan"))
+_STRINGS = ("struct", "jsd", "floor", "cumulative", "bogus", "")
+
+
+def _probes():
+    """Field values around every range boundary, one field changed from the defaults at a time, and the
+    coupled pairs (last_q / min_budget / max_budget against block_size and each other)."""
+    base = CrispConfig().to_dict()
+    for name, value in base.items():
+        for v in _STRINGS if isinstance(value, str) else _FLOATS if isinstance(value, float) else _INTS:
+            yield {name: v}
+    for block, last_q, lo, hi in itertools.product((64, 128), (0, 32, 128), (0, 64, 200), (64, 128, 192)):
+        yield {"block_size": block, "last_q": last_q, "min_budget": lo, "max_budget": hi}
+
+
+def _valid_config(changes: dict) -> bool:
+    try:
+        CrispConfig().replace(**changes)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def test_contract_ranges_are_crisp_configs():
+    """contract.CHECKS (the plugin's range checks) accept exactly the configs CrispConfig accepts."""
+    heads = contract.dims(1, 32, 8, 128)
+    for changes in _probes():
+        values = {**CrispConfig().to_dict(), **heads, **changes}
+        assert (contract.check(values) == "") == _valid_config(changes), changes
+
+
+@pytest.mark.parametrize("cfg", [CrispConfig(), method_config("flexprefill"), method_config("crisp_jsd"),
+                                 CrispConfig(block_size=64, last_q=32, sink_tokens=0, min_budget=0, max_budget=64,
+                                             coverage=0.0, local_blocks=3),
+                                 CrispConfig(sink_tokens=300, max_budget=1000, budget="cumulative")])
+def test_contract_derived_and_sizes_are_crisp_configs(cfg):
+    for n in (1, 100, 128, 129, 8192, 131072, 1 << 20):
+        names = {**contract.names_of(cfg), **contract.sizes(cfg, n)}
+        assert (names["window"], names["sink_blocks"], names["min_blocks"], names["max_blocks"]) == \
+            (cfg.window, cfg.sink_blocks, cfg.min_blocks, cfg.max_blocks)
+        assert names["kappa_steps"] == len(cfg.kappas()) and names["maxk"] == cfg.max_list(names["nb"])
+
+
+CONTRACT_CASES = [(CrispConfig(), (32, 8, 128), 1, 8192), (CrispConfig(), (32, 8, 128), 1, 131072),
+                  (method_config("crisp_jsd"), (9, 3, 64), 5, 13394),
+                  (CrispConfig(block_size=64, last_q=32, min_budget=0, max_budget=64), (1, 1, 256), 3, 1000),
+                  (method_config("flexprefill"), (32, 8, 128), 1, 524288),
+                  (CrispConfig(coverage=0.0, sink_tokens=0), (64, 64, 64), 64, 1 << 20)]
+
+
+def _cpp_value(value) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, float):
+        return "std::numeric_limits<float>::quiet_NaN()" if math.isnan(value) else \
+            "std::numeric_limits<float>::infinity()" if math.isinf(value) else f"{value!r}F"
+    return str(value)
+
+
+def _set_params(values: dict) -> str:
+    fields = dict(contract.FIELDS)
+    return "".join(f"p.{aot.camel(n)} = {_cpp_value(v)}; " for n, v in values.items() if n in fields)
+
+
+def _f32(x) -> str:
+    return f"{float(np.float32(x)):.9g}"
+
+
+def test_contract_header_computes_what_python_does(tmp_path):
+    """The generated C++ (from the current contract.py) gives launch.py's sizes and workspace layout, the
+    contract's launch order, grids and arguments, and its range-check verdicts, on the same inputs."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is needed to compile the generated header")
+    (tmp_path / "crispPrefillAttentionContract.h").write_text(aot.render_contract())
+    body, expected = [], []
+    for cfg, (h, hk, d), seqs, tokens in CONTRACT_CASES:
+        total = tokens * seqs
+        body.append("{ CrispParams p; " + _set_params({**cfg.to_dict(), **contract.dims(1, h, hk, d)})
+                    + f"CrispSizes z = crispSizes(p, {tokens}); "
+                    f"CrispWorkspaceLayout w = crispWorkspaceLayout(p, {seqs}, {tokens}); "
+                    'std::printf("sizes"); for (int64_t x : {z.nb, z.chunk, z.nch, z.nchCap, z.maxc, z.maxd, '
+                    'z.maxk, z.routeChunk}) std::printf(" %lld", (long long) x); std::printf("\\n"); '
+                    'std::printf("layout"); for (size_t o : w.offset) std::printf(" %zu", o); '
+                    'std::printf(" %zu %zu\\n", w.zeroedBytes, w.total); '
+                    f"for (auto const& l : crispLaunchOrder(p, z, {seqs}, {total})) if (l.enabled) "
+                    'std::printf("launch %s %lld %lld %lld\\n", l.stage, (long long) l.grid[0], '
+                    "(long long) l.grid[1], (long long) l.grid[2]); "
+                    f"char* base = nullptr; for (auto const& a : crispLaunchArgs(p, z, w, base + 0, "
+                    f"CrispTensors{{nullptr, nullptr, nullptr, nullptr, nullptr}}, {seqs}, {total})) "
+                    'if (a.type == CrispParamType::kINT32) std::printf("arg %s %lld\\n", a.name, (long long) a.integer); '
+                    'else if (a.type == CrispParamType::kFLOAT32) std::printf("arg %s %.9g\\n", a.name, (double) a.real); '
+                    'else std::printf("arg %s %zu\\n", a.name, (size_t) ((char const*) a.pointer - base)); }')
+        z, ws = launch.workspace(seqs, h, hk, d, cfg, tokens)
+        names = {**contract.names_of(cfg, **contract.dims(seqs, h, hk, d, total), max_seqlen=tokens), **vars(z)}
+        expected.append("sizes " + " ".join(str(v) for v in vars(z).values()))
+        expected.append("layout " + " ".join(str(o) for o, _, _ in ws.layout.values()) + f" {ws.zeroed} {ws.size}")
+        for stage, grid, cond in contract.LAUNCHES:
+            if contract.evaluate(cond, names):
+                expected.append(f"launch {stage} " + " ".join(str(contract.evaluate(g, names)) for g in grid))
+        expected += [f"arg {n} 0" for n in contract.INPUT_POINTERS]
+        expected += [f"arg {n} {ws.layout[b][0]}" for n, b in contract.BUFFER_POINTERS.items()]
+        expected += [f"arg {n} 0" for n in contract.HIDDEN_POINTERS]
+        expected += [f"arg {n} {_f32(contract.evaluate(e, names))}" for n, e in contract.FLOAT_ARGS.items()]
+        expected += [f"arg {n} {int(contract.evaluate(e, names))}" for n, e in contract.INT_ARGS.items()]
+    heads = contract.dims(1, 32, 8, 128)
+    for changes in [*_probes(), {"num_heads": 0}, {"num_heads": 1025}, {"num_kv_heads": 3}, {"num_kv_heads": 64},
+                    {"head_dim": 96}, {"head_dim": 256}]:
+        values = {**CrispConfig().to_dict(), **heads, **changes}
+        body.append("{ CrispParams p; " + _set_params(values) + 'std::printf("check %s\\n", crispCheckRanges(p).c_str()); }')
+        expected.append(f"check {contract.check(values)}".rstrip())
+    (tmp_path / "main.cpp").write_text('#include "crispPrefillAttentionContract.h"\n#include <cstdio>\n'
+                                       "using namespace crisp;\nint main() {\n" + "\n".join(body) + "\n}\n")
+    build = subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", str(tmp_path), "-I",
+                            str(aot.ROOT / "plugin"), str(tmp_path / "main.cpp"), "-o", str(tmp_path / "main")],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    got = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, check=True).stdout
+    assert [line.rstrip() for line in got.splitlines()] == expected
 
 
 @pytest.mark.gpu

@@ -5,9 +5,10 @@ scripts/build_plugin.sh where TensorRT headers exist ($TensorRT_ROOT or third_pa
 through the lean runtime's plugin registry (tensorrt-lean-cu13-libs) with plugin/tests/crispPluginCheck.cpp:
 creator lookup, creation, clone, serialisation round trips, malformed collections, a fuzz, and the same
 under AddressSanitizer/UBSan with leak detection, and getWorkspaceSize against the torch op's buffers. No GPU
-needed. The AOT tests compile one variant of every stage (scripts/aot_kernels.py) and their generated C++ table
-on the CPU, and check that every launch of the torch op is one the plugin makes. The GPU tests drive enqueue on
-CUDA buffers (plugin/tests/crispPluginHarness.cpp via scripts/aot_harness.py): its output must equal
+needed. The AOT tests compile one variant of every stage (crisp_trt/kernels/aot.py) and their generated C++ table
+on the CPU, and check that every launch of the torch op is one the plugin makes (the generated contract's order,
+grids and arguments: tests/test_launch.py checks the header itself). The GPU tests drive enqueue on CUDA buffers
+(plugin/tests/crispPluginHarness.cpp via tests/plugin_harness.py): its output must equal
 crisp_prefill_attention's exactly, and the op's JIT cubins must be the embedded ones.
 """
 from __future__ import annotations
@@ -29,7 +30,6 @@ from crisp_trt import plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ_COLLECTIONS = 10_000
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def _headers() -> Path | None:
@@ -236,17 +236,16 @@ def aot_images(tmp_path_factory):
     CPU, and the interpreter's kernels cannot be compiled)."""
     import pickle
     path = tmp_path_factory.mktemp("aot") / "images.pickle"
-    code = ("import pickle, sys, aot_kernels as a; pickle.dump([a.compile_image(s, next(a.variants(s)), 90) "
-            "for s in a.KERNELS], open(sys.argv[1], 'wb'))")
+    code = ("import pickle, sys; from crisp_trt.kernels import aot as a; pickle.dump([a.compile_image(s, "
+            "next(a.variants(s)), 90) for s in a.KERNELS], open(sys.argv[1], 'wb'))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])
     run = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     return pickle.loads(path.read_bytes())
 
 
 def test_aot_images_match_the_launch_contract(aot_images):
-    import aot_kernels
+    from crisp_trt.kernels import aot as aot_kernels
     from crisp_trt.kernels import launch
     assert [i.stage for i in aot_images] == list(aot_kernels.KERNELS)
     for image in aot_images:
@@ -258,34 +257,35 @@ def test_aot_images_match_the_launch_contract(aot_images):
             {n: int(fixed[n]) for n in launch.constexpr_names(fn) if n in fixed}
 
 
-def _cpp_steps_and_args() -> tuple[list[str], set[str]]:
-    """The stages crispLaunchPrefill launches, in order, and the names of its launch arguments."""
-    text = KERNELS_CPP.read_text()
-    return re.findall(r'step\("(\w+)"', text), set(re.findall(r'(?:pointer|int|float)Arg\("(\w+)"', text))
-
-
 @pytest.mark.parametrize("cfg,heads,d", [(CrispConfig(block_size=64, dense_below=0), (4, 2), 64),
                                          (method_config("flexprefill").replace(dense_below=0, last_q=32), (6, 2), 128),
                                          (method_config("crisp_jsd").replace(block_size=64, min_budget=0), (3, 3), 256)])
 def test_aot_options_match_the_torch_launcher(monkeypatch, cfg, heads, d):
     """Every launch of the torch op is one the plugin makes: a cubin the AOT build compiles (same variant
-    constexprs, fixed constexprs and num_warps/num_stages), in crispLaunchPrefill's order, with runtime
-    arguments the C++ table provides."""
-    import aot_kernels
+    constexprs, fixed constexprs and num_warps/num_stages), in the contract's order with its grids, and every
+    argument (workspace buffer, scalar, variant constexpr) the value the contract gives the plugin."""
     import torch
     from triton.runtime.jit import KernelInterface
-    from crisp_trt.kernels import launch
+    from crisp_trt.kernels import aot as aot_kernels
+    from crisp_trt.kernels import contract, launch
     from crisp_trt.kernels.pipeline import crisp_cuda
     seen = []
     monkeypatch.setattr(launch, "_COMPILED", {})  # every launch through the JIT's entry point, recorded here
     monkeypatch.setattr(KernelInterface, "__getitem__",
-                        lambda fn, grid: lambda *args, **kwargs: seen.append((launch.name(fn), args, kwargs)))
-    q = torch.zeros(300, heads[0], d, dtype=torch.float16)
-    k = torch.zeros(300, heads[1], d, dtype=torch.float16)
-    crisp_cuda(q, k, k, torch.tensor([0, 100, 300], dtype=torch.int32), 300, cfg)
-    steps, cpp_args = _cpp_steps_and_args()
-    assert [stage for stage, _, _ in seen] == [s for s in steps if s != "route_jsd" or cfg.routing == "jsd"]
-    for stage, args, kwargs in seen:
+                        lambda fn, grid: lambda *args, **kwargs: seen.append((launch.name(fn), grid, args, kwargs)))
+    total, seqs, max_seqlen = 300, 2, 300
+    q = torch.zeros(total, heads[0], d, dtype=torch.float16)
+    k = torch.zeros(total, heads[1], d, dtype=torch.float16)
+    crisp_cuda(q, k, k, torch.tensor([0, 100, 300], dtype=torch.int32), max_seqlen, cfg)
+    names = contract.names_of(cfg, **contract.dims(seqs, *heads, d, total), max_seqlen=max_seqlen)
+    names.update(contract.sizes(cfg, max_seqlen))
+    order = [(stage, tuple(contract.evaluate(g, names) for g in grid))
+             for stage, grid, cond in contract.LAUNCHES if contract.evaluate(cond, names)]
+    assert [(stage, tuple(grid) + (1,) * (3 - len(grid))) for stage, grid, _, _ in seen] == order
+    _, ws = launch.workspace(seqs, *heads, d, cfg, max_seqlen)
+    base = next(args[list(aot_kernels.KERNELS[s].arg_names).index("s_ptr")].data_ptr()
+                for s, _, args, _ in seen if "s_ptr" in aot_kernels.KERNELS[s].arg_names)  # s_mass: offset 0
+    for stage, _, args, kwargs in seen:
         fn = aot_kernels.KERNELS[stage]
         consts = {n: v for n, v in kwargs.items() if n in launch.constexpr_names(fn)}
         assert set(consts) == set(launch.constexpr_names(fn))
@@ -295,12 +295,20 @@ def test_aot_options_match_the_torch_launcher(monkeypatch, cfg, heads, d):
         options = {n: kwargs[n] for n in ("num_warps", "num_stages")}
         assert options == launch.options(stage, consts.get("BLOCK", 0), consts.get("D", 0))
         runtime = aot_kernels.runtime_names(fn)
-        assert len(args) + len(set(kwargs) & set(runtime)) == len(runtime)
-        assert set(runtime) <= cpp_args and set(aot_kernels.variant_names(fn)) <= cpp_args
+        assert len(args) == len(runtime), stage
+        for param, value in [*zip(runtime, args), *((n, consts[n]) for n in aot_kernels.variant_names(fn))]:
+            if param in contract.BUFFER_POINTERS:
+                assert value.data_ptr() - base == ws.layout[contract.BUFFER_POINTERS[param]][0], (stage, param)
+            elif param in contract.FLOAT_ARGS:
+                assert value == contract.evaluate(contract.FLOAT_ARGS[param], names), (stage, param)
+            elif param in contract.INT_ARGS:
+                assert int(value) == int(contract.evaluate(contract.INT_ARGS[param], names)), (stage, param, value)
+            else:
+                assert param in contract.INPUT_POINTERS, (stage, param)
 
 
 def test_aot_generated_table_compiles(aot_images, tmp_path):
-    import aot_compile
+    from crisp_trt.kernels import aot as aot_compile
     paths = []
     for i, image in enumerate(aot_images):
         paths.append((tmp_path / f"{image.stage}_{i}.cubin").resolve())
@@ -351,7 +359,7 @@ def harness(built):
     import torch
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: the plugin's enqueue needs one")
-    import aot_harness
+    import plugin_harness as aot_harness
     spec = importlib.util.find_spec("tensorrt_lean_libs")
     runtime = Path(spec.origin).parent / "libnvinfer_lean.so.11" if spec and spec.origin else None
     return aot_harness.Harness(built, str(runtime) if runtime and runtime.is_file() else None)
@@ -360,7 +368,7 @@ def harness(built):
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
 def test_enqueue_equals_the_torch_op(harness, case):
     """Same kernels, same launches: the plugin's output is the op's (max_seqlen = tokens), bit for bit."""
-    import aot_harness
+    import plugin_harness as aot_harness
     import torch
     _, lens, heads, kv_heads, d, dtype, cfg = case
     out, ref, _, torch_fn, handle = aot_harness.run_both(harness, lens, heads, kv_heads, d, getattr(torch, dtype), cfg)
@@ -372,7 +380,7 @@ def test_enqueue_equals_the_torch_op(harness, case):
 
 
 def test_enqueue_poisons_bad_inputs(harness):
-    import aot_harness
+    import plugin_harness as aot_harness
     import torch
     q, k, v, cu = aot_harness.inputs([3000, 2000], 9, 3, 64, torch.float16)
     handle, out = harness.create(SPARSE, 9, 3, 64, False, q.shape[0], 2), torch.empty_like(q)
@@ -389,9 +397,9 @@ def test_enqueue_poisons_bad_inputs(harness):
 def test_the_torch_op_runs_the_embedded_cubins(harness, built):
     """The op's JIT-compiled kernels are byte-identical to the cubins the plugin embeds (sha256 in the table)."""
     import hashlib
-    import aot_harness
-    import aot_kernels
+    import plugin_harness as aot_harness
     import torch
+    from crisp_trt.kernels import aot as aot_kernels
     embedded = set(re.findall(r"sha256 ([0-9a-f]{16})", (built / "aot" / "crispKernelImages.cpp").read_text()))
     for cfg in (SPARSE, method_config("crisp_jsd").replace(budget="cumulative")):
         q, k, v, cu = aot_harness.inputs([8192], 9, 3, 64, torch.bfloat16)

@@ -1,4 +1,6 @@
-"""crisp-bench: op speed/accuracy, speed-vs-error frontiers, real-model accuracy, end-to-end (DESIGN.md §6)."""
+"""crisp-bench: op speed/accuracy, speed-vs-error frontiers, real-model accuracy, end-to-end, the e2e config sweep
+(docs/design.md, "Benchmarks"). Every subcommand writes its JSON and plots to bench/results/latest/ unless --out
+says otherwise."""
 from __future__ import annotations
 
 import argparse
@@ -116,6 +118,19 @@ def cmd_e2e(args):
     return e2e.main_from_args(args)
 
 
+def cmd_sweep(args):
+    from . import sweep
+
+    result = sweep.run_sweep(args.artifact, _lens(args.lengths), trials=args.trials, new_tokens=args.new_tokens,
+                             variants=[x for x in args.variants.split(",") if x], device=args.device)
+    path = sweep.write_results(result, args.out)
+    print("\n" + sweep.table(result["rows"]))
+    print(path)
+
+
+RESULTS = "bench/results/latest"  # every subcommand's default --out
+
+
 def main(argv=None):
     from .frontier import SWEEPS
 
@@ -167,7 +182,7 @@ def main(argv=None):
     for s in (o, a, f):
         s.add_argument("--device", default=None, help="torch device, e.g. cuda or cpu (default: cuda when present)")
         s.add_argument("--config", help="JSON CrispConfig (CrispConfig.to_dict()) as the base config")
-        s.add_argument("--out", default="bench/results", help="folder of the JSON and PNG results (default: %(default)s)")
+        s.add_argument("--out", default=RESULTS, help="folder of the JSON and PNG results (default: %(default)s)")
         s.add_argument("--no-plots", action="store_true", help="write the JSON only")
     from .e2e import add_arguments
 
@@ -176,6 +191,20 @@ def main(argv=None):
                                    "greedy text identity to dense on planted-word retrieval prompts. JSON + PNG.")
     add_arguments(e)
     e.set_defaults(fn=cmd_e2e)
+    from .sweep import VARIANTS
+
+    w = sub.add_parser("sweep", help="which CRISP configs keep a torch artifact's greedy text identical to dense",
+                       description="The e2e retrieval prompts through dense SDPA and through each config variant (and "
+                                   "the eager-dense control): identical texts, retrieved, density, KL and the dense "
+                                   "logit margin at each divergence, per length. JSON.")
+    w.add_argument("artifact", help="a crisp-build --backend torch artifact folder")
+    w.add_argument("--lengths", default="2k,4k,8k", help="comma list of prompt lengths (default: %(default)s)")
+    w.add_argument("--trials", type=int, default=10, help="prompts per length (default: %(default)s)")
+    w.add_argument("--new-tokens", type=int, default=6, help="greedy tokens per prompt (default: %(default)s)")
+    w.add_argument("--variants", default=",".join(["eager", *VARIANTS]), help="comma list (default: %(default)s)")
+    w.add_argument("--device", default=None, help="torch device (default: cuda when present)")
+    w.add_argument("--out", default=RESULTS, help="folder of e2e_sweep.json (default: %(default)s)")
+    w.set_defaults(fn=cmd_sweep)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

@@ -1,10 +1,11 @@
-"""Merge one GPU run's results and print the short table (scripts/gpu_bench.sh's last step).
+"""Merge one GPU run's results and print the short table (scripts/device/gpu_bench.sh's last step).
 
-    python -m crisp_trt.bench.summary WORK OUT
+    python -m crisp_trt.bench.summary WORK [OUT] [--tar]      # OUT: bench/results/latest
 
 WORK holds each step's directory (op_latest.json, accuracy_latest.json, e2e.json, PNGs, logs). OUT gets
-the merged op_latest.json (+ its plots, rows in step order), accuracy_latest.json and e2e.json copied
-as they are, and results.tar.gz of everything in WORK, so a caller limited to a few files gets it all.
+the merged op_latest.json (+ its plots, rows in step order), accuracy_latest.json and e2e.json with their
+plots copied as they are, summary.txt, and with --tar results.tar.gz of everything in WORK (for a caller
+limited to a few files; not for the working tree).
 The table: per op row of the sparse methods n, workload, ms, speed-up vs cuDNN, density, error,
 recall, routing share; per accuracy method and length the mean accuracy and the worst cell against
 dense; perplexity; e2e TTFT and text identity.
@@ -26,7 +27,7 @@ def _load(path):
         return json.load(f)
 
 
-def merge(work: str, out: str) -> dict:
+def merge(work: str, out: str, tar: bool = True) -> dict:
     os.makedirs(out, exist_ok=True)
     found = {}
     rows = [r for p in sorted(glob.glob(os.path.join(work, "*", "op_latest.json"))) for r in _load(p)["rows"]]
@@ -38,8 +39,11 @@ def merge(work: str, out: str) -> dict:
         if hits:
             shutil.copy(hits[-1], os.path.join(out, name))
             found[key] = _load(hits[-1])
-    with tarfile.open(os.path.join(out, "results.tar.gz"), "w:gz") as tar:
-        tar.add(work, arcname="results")
+            for png in glob.glob(os.path.join(os.path.dirname(hits[-1]), f"{key}*.png")):
+                shutil.copy(png, out)
+    if tar:
+        with tarfile.open(os.path.join(out, "results.tar.gz"), "w:gz") as archive:
+            archive.add(work, arcname="results")
     return found
 
 
@@ -80,8 +84,11 @@ def table(found: dict) -> str:
 
 
 def main(argv=None) -> int:
-    work, out = (argv or sys.argv[1:])[:2]
-    text = table(merge(work, out))
+    args = list(sys.argv[1:] if argv is None else argv)
+    tar = "--tar" in args
+    paths = [a for a in args if a != "--tar"]
+    work, out = paths[0], paths[1] if len(paths) > 1 else "bench/results/latest"
+    text = table(merge(work, out, tar=tar))
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write(text + "\n")
     print(text)

@@ -1,4 +1,4 @@
-"""Which CRISP config keeps a crisp-build artifact's greedy text identical to dense, per prompt length?
+"""crisp-bench sweep: which CRISP config keeps a crisp-build artifact's greedy text identical to dense, per length?
 
 Runs the e2e retrieval prompts (crisp_trt.bench.e2e.retrieval_prompt_ids) through dense SDPA and through
 each variant: the artifact's calibrated per-layer configs, uniform CrispConfig overrides, and a dense
@@ -6,22 +6,19 @@ control (HF eager attention: same math as SDPA, other kernels) that measures how
 changes the text. Per variant and length: identical texts, retrieved, mean block density, the dense
 next-token KL at the prompt's end, and at each divergence the dense top-1/top-2 logit margin there
 (a small margin means a near tie that any rounding can flip). Identity is token equality, greedy stopping
-after eos (crisp_trt.bench.e2e.greedy; sweeps before session 6 always ran --new-tokens steps, so their
-counts can be lower for prompts that end early).
+after eos (crisp_trt.bench.e2e.greedy).
 
-    python3 scripts/e2e_sweep.py ARTIFACT_DIR --lengths 2k,4k,8k --out OUT_DIR
+    crisp-bench sweep ARTIFACT_DIR --lengths 2k,4k,8k     # writes bench/results/latest/e2e_sweep.json
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from crisp_trt.config import CrispConfig
+from ..config import CrispConfig
 
 VARIANTS = {  # name -> CrispConfig overrides of every layer (None: the artifact's own per-layer configs),
     # or (layers, overrides): the default config with the overrides on those layers only
@@ -73,35 +70,25 @@ class DensityMeter:
         return float(torch.stack(vals).mean()) if vals else None
 
 
-def main(argv=None) -> int:
-    from crisp_trt import runtime
-    from crisp_trt.bench.e2e import divergence, greedy, retrieval_prompt_ids
-    from crisp_trt.lengths import parse_length
-    from crisp_trt.hf import set_crisp_config
-    from crisp_trt.models import set_attn_implementation
+def run_sweep(artifact: str, lengths, trials: int = 10, new_tokens: int = 6, variants=None, device=None) -> dict:
+    """The sweep's rows (one per length and variant, printed as they come) and its context."""
+    from .. import runtime
+    from ..hf import set_crisp_config
+    from ..models import set_attn_implementation
+    from .e2e import divergence, greedy, retrieval_prompt_ids
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("artifact")
-    p.add_argument("--lengths", default="2k,4k,8k")
-    p.add_argument("--trials", type=int, default=10)
-    p.add_argument("--new-tokens", type=int, default=6)
-    p.add_argument("--variants", default=",".join(["eager", *VARIANTS]))
-    p.add_argument("--out", default="bench/results")
-    p.add_argument("--device", default=None)
-    args = p.parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cm = runtime.load(args.artifact, device=device, dtype=torch.bfloat16 if device == "cuda" else None)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cm = runtime.load(artifact, device=device, dtype=torch.bfloat16 if device == "cuda" else None)
     tok, hf_model = cm.tokenizer, cm.model
     meter = DensityMeter()
-    lengths = [parse_length(x) for x in args.lengths.split(",")]
-    names = args.variants.split(",")
+    names = list(variants or ["eager", *VARIANTS])
     rows, t0 = [], time.time()
     for n in lengths:
-        prompts = [retrieval_prompt_ids(tok, n, t, depth=(t + 0.5) / args.trials) for t in range(args.trials)]
+        prompts = [retrieval_prompt_ids(tok, n, t, depth=(t + 0.5) / trials) for t in range(trials)]
         prompts = [(ids.to(device), exp) for ids, exp in prompts]
         set_attn_implementation(hf_model, "sdpa")
         eos = tok.eos_token_id
-        dense = [greedy(hf_model, ids, args.new_tokens, eos) for ids, _ in prompts]
+        dense = [greedy(hf_model, ids, new_tokens, eos) for ids, _ in prompts]
         dense_hits = sum(all(w in tok.decode(d[0]) for w in exp[:2]) for d, (_, exp) in zip(dense, prompts))
         for name in names:
             if name == "eager":
@@ -111,7 +98,7 @@ def main(argv=None) -> int:
                 set_attn_implementation(hf_model, "crisp")
             same, hits, kls, margins = 0, 0, [], []
             for (ids, exp), (dtoks, dlog) in zip(prompts, dense):
-                toks, logit = greedy(hf_model, ids, args.new_tokens, eos)
+                toks, logit = greedy(hf_model, ids, new_tokens, eos)
                 text = tok.decode(toks)
                 same += toks == dtoks
                 hits += all(w in text for w in exp[:2])
@@ -120,22 +107,28 @@ def main(argv=None) -> int:
                 div = divergence((dtoks, dlog), toks)
                 if div is not None:
                     margins.append(round(div["dense_gap"], 3))
-            row = {"n": int(prompts[0][0].shape[1]), "variant": name, "identical": same, "trials": args.trials,
+            row = {"n": int(prompts[0][0].shape[1]), "variant": name, "identical": same, "trials": trials,
                    "retrieved": hits, "retrieved_dense": dense_hits, "density": meter.take(),
                    "kl_first_token": sum(kls) / len(kls), "dense_margin_at_divergence": margins}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = Path(args.out)
+    return {"artifact": str(artifact), "device": device, "rows": rows, "seconds": round(time.time() - t0, 1)}
+
+
+def write_results(result: dict, out_dir="bench/results/latest") -> str:
+    """e2e_sweep.json in out_dir; returns its path."""
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e_sweep.json").write_text(json.dumps({"artifact": args.artifact, "device": device, "rows": rows,
-                                                     "seconds": round(time.time() - t0, 1)}, indent=2))
-    print(f"\n{'n':>6} {'variant':<16} {'same':>5} {'hit':>4} {'dens':>6} {'KL':>9}  margins")
+    path = out / "e2e_sweep.json"
+    path.write_text(json.dumps(result, indent=2))
+    return str(path)
+
+
+def table(rows) -> str:
+    lines = [f"{'n':>6} {'variant':<16} {'same':>5} {'hit':>4} {'dens':>6} {'KL':>9}  margins"]
     for r in rows:
         d = "-" if r["density"] is None else f"{r['density']:.3f}"
-        print(f"{r['n']:>6} {r['variant']:<16} {r['identical']:>2}/{r['trials']:<2} {r['retrieved']:>2}/{r['retrieved_dense']:<2}"
-              f" {d:>6} {r['kl_first_token']:9.2e}  {r['dense_margin_at_divergence']}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        lines.append(f"{r['n']:>6} {r['variant']:<16} {r['identical']:>2}/{r['trials']:<2} "
+                     f"{r['retrieved']:>2}/{r['retrieved_dense']:<2} {d:>6} {r['kl_first_token']:9.2e}  "
+                     f"{r['dense_margin_at_divergence']}")
+    return "\n".join(lines)

@@ -1,5 +1,5 @@
 """Launch rules shared by the torch launcher (pipeline.py, attend.py, poison.py) and the TensorRT plugin's
-ahead-of-time build (scripts/aot_kernels.py), so that the plugin runs the very cubins the torch op JIT-compiles.
+ahead-of-time build (aot.py), so that the plugin runs the very cubins the torch op JIT-compiles.
 
 - `kernel`: `triton.jit` that never specialises integer arguments on their value. Triton's JIT otherwise
   compiles an argument equal to 1 as a constant and marks multiples of 16, so the cubin would depend on the
@@ -7,7 +7,8 @@ ahead-of-time build (scripts/aot_kernels.py), so that the plugin runs the very c
   Pointer parameters end in `_ptr` (they keep Triton's 16-byte alignment specialisation).
 - `Sizes` / `buffers` / `Workspace`: strides and buffers of one launch, from max_seqlen (the plugin: its
   tokens), laid out in one allocation whose zeroed prefix takes one memset (the torch op and the plugin);
-  `workspace` gives Sizes and Workspace, cached per shape.
+  `workspace` gives Sizes and Workspace, cached per shape. All three evaluate contract.py's tables, which
+  the plugin's C++ is generated from.
 - `fixed` / `options`: constexprs fixed by these rules, and num_warps / num_stages.
 - `run`: launch a kernel with both.
 """
@@ -16,20 +17,23 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import triton
 
 from ..config import CrispConfig
+from . import contract
+from .contract import pow2
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-QG = 16  # query blocks per select program (tl.dot needs 16 rows)
-SELECT_CHUNK = 64  # key blocks per select tile
-SLASH_ROWS = 16  # offset blocks per slash_reduce program
-SUBTILE = 64  # widest [L, W] sub-tile of estimate_mass
-POISON_ELEMS = 4096  # elements per poison program
-ROUTE_CHUNK_MAX = 1024  # widest route chunk
+QG = contract.CONSTANTS["QG"]  # query blocks per select program (tl.dot needs 16 rows)
+SELECT_CHUNK = contract.CONSTANTS["KC"]  # key blocks per select tile
+SLASH_ROWS = contract.CONSTANTS["RB"]  # offset blocks per slash_reduce program
+SUBTILE = contract.CONSTANTS["SUBTILE"]  # widest [L, W] sub-tile of estimate_mass
+POISON_ELEMS = contract.CONSTANTS["ELEMS"]  # elements per poison program
+ROUTE_CHUNK_MAX = contract.CONSTANTS["ROUTE_CHUNK_MAX"]  # widest route chunk
 WIDE = ("estimate_partial", "estimate_mass", "attend")  # 8 warps when BLOCK·D > 64·128
 
 
@@ -50,10 +54,6 @@ def constexpr_names(fn) -> tuple[str, ...]:
     """The constexpr parameters of a kernel (cached: inspect.signature costs ~10 µs, and the op launches ~9
     kernels per call)."""
     return tuple(p.name for p in inspect.signature(fn.fn).parameters.values() if "constexpr" in str(p.annotation))
-
-
-def pow2(x: int) -> int:
-    return max(16, 1 << (max(x, 1) - 1).bit_length())
 
 
 def route_chunk(nb: int) -> int:
@@ -131,35 +131,23 @@ class Sizes:
 
     @classmethod
     def of(cls, max_seqlen: int, cfg: CrispConfig) -> "Sizes":
-        nb = -(-max_seqlen // cfg.block_size)
-        chunk = max(4, -(-nb // 64))  # ≤ 64 chunks: each estimate_mass program merges them all
-        maxc = max(1, min(nb, cfg.sink_blocks + cfg.max_blocks))
-        maxd = max(1, min(nb, 2 * (cfg.local_blocks + cfg.max_blocks)))
-        return cls(nb, chunk, -(-nb // chunk), min(64, -(-nb // 4)), maxc, maxd, cfg.max_list(nb), route_chunk(nb))
+        return cls(**contract.sizes(cfg, max_seqlen))
 
 
-ZEROED = ("s_mass", "columns", "offsets", "distances", "counts", "poison")  # zeroed before each launch
+ZEROED = tuple(name for name, _, _, zeroed in contract.BUFFERS if zeroed)  # zeroed before each launch
 
 
 def buffers(seqs: int, heads: int, kv_heads: int, d: int, cfg: CrispConfig, z: Sizes) -> dict:
-    """name → (shape, dtype) of every buffer of one launch, the ZEROED ones first (the plugin lays its
-    workspace out in this order, each buffer 256-byte aligned, and zeroes the prefix with one memset)."""
-    sh, nb = (seqs, heads), z.nb
-    shapes = {"s_mass": ((*sh, nb * cfg.block_size), "float32"), "columns": ((*sh, nb), "int8"),
-              "offsets": ((*sh, nb), "int8"), "distances": ((*sh, nb), "int8"), "counts": ((*sh, nb), "int32"),
-              "poison": ((1,), "int32"),
-              "part_m": ((*sh, z.nch_cap, cfg.window), "float32"), "part_l": ((*sh, z.nch_cap, cfg.window), "float32")}
-    shapes.update({n: ((*sh, nb), "float32") for n in ("vsum", "vmax", "ssum", "smax")})
-    shapes.update({"pooled_q": ((seqs, nb, heads, d), "float32"), "pooled_k": ((seqs, nb, kv_heads, d), "float32"),
-                   "cols": ((*sh, z.maxc), "int32"), "dists": ((*sh, z.maxd), "int32"), "ncols": (sh, "int32"),
-                   "ndists": (sh, "int32"), "route": (sh, "int32"), "c_struct": (sh, "float32"),
-                   "dense": ((seqs,), "int32"), "scratch": ((*sh, nb, nb), "float32"),
-                   "idx": ((*sh, nb, z.maxk), "int32")})
-    return shapes
+    """name → (shape, dtype) of every buffer of one launch (contract.BUFFERS), the ZEROED ones first (the
+    plugin lays its workspace out in this order, each buffer 256-byte aligned, and zeroes the prefix with one
+    memset)."""
+    names = {**contract.names_of(cfg, **contract.dims(seqs, heads, kv_heads, d)), **dataclasses.asdict(z)}
+    return {name: (tuple(contract.evaluate(e, names) for e in shape), dtype)
+            for name, shape, dtype, _ in contract.BUFFERS}
 
 
-ALIGN = 256  # bytes: every buffer of the workspace starts on this boundary
-ITEMSIZE = {"float32": 4, "int32": 4, "int8": 1}
+ALIGN = contract.CONSTANTS["ALIGN"]  # bytes: every buffer of the workspace starts on this boundary
+ITEMSIZE = contract.ITEMSIZE
 
 
 @dataclass(frozen=True)

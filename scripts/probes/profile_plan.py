@@ -1,7 +1,7 @@
 """Per-kernel GPU time of one CRISP op call (plan, attend, input poison; torch.profiler): which stage dominates.
 
-    python3 scripts/profile_plan.py [n ...]     # default 131072; Llama-3-8B shape, synthetic, bf16
-    SHAPE=smollm2 python3 scripts/profile_plan.py 8192   # SmolLM2's 9 / 3 heads, d = 64
+    python3 scripts/probes/profile_plan.py [n ...]     # default 131072; Llama-3-8B shape, synthetic, bf16
+    SHAPE=smollm2 python3 scripts/probes/profile_plan.py 8192   # SmolLM2's 9 / 3 heads, d = 64
 
 Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json.
 """
@@ -55,7 +55,7 @@ def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float]]:
 
 def main() -> None:
     lengths = [int(a) for a in sys.argv[1:]] or [131072]
-    out = os.environ.get("OUT", "bench/results")
+    out = os.environ.get("OUT", "/tmp/crisp_profile")
     os.makedirs(out, exist_ok=True)
     for n in lengths:
         wall, times = kernel_times(n, CrispConfig())
