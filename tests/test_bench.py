@@ -27,7 +27,7 @@ def test_op_cli_schema_and_summary(tmp_path, capsys):
     summary.main([str(tmp_path / "work"), str(tmp_path), "--tar"])  # merges the step into tmp_path, prints the table
     assert "synthetic_smollm2" in capsys.readouterr().out
     assert (tmp_path / "results.tar.gz").exists() and (tmp_path / "summary.txt").exists()
-    rows = json.loads((tmp_path / "op_latest.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "op" / "op_latest.json").read_text())["rows"]
     assert {r["method"] for r in rows} == set(op.METHODS)
     for r in rows:
         assert tuple(r) == op.ROW_KEYS
@@ -36,7 +36,7 @@ def test_op_cli_schema_and_summary(tmp_path, capsys):
     for r in rows:
         if r["method"].startswith("dense"):
             assert r["recall"] == 1.0 and r["rel_error"] == 0.0
-    assert (tmp_path / "op_speedup.png").exists()
+    assert (tmp_path / "op" / "op_speedup.png").exists()
 
 
 def test_dense_plan_recall_is_one():

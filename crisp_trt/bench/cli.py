@@ -1,6 +1,6 @@
 """crisp-bench: op speed/accuracy, speed-vs-error frontiers, real-model accuracy, end-to-end, the e2e config sweep
-(docs/design.md, "Benchmarks"). Every subcommand writes its JSON and plots to bench/results/latest/ unless --out
-says otherwise."""
+(docs/design.md, "Benchmarks"). Each subcommand writes its JSON and plots to its own folder of
+bench/results/latest/ (op/, frontier/, accuracy/, e2e/) unless --out says otherwise."""
 from __future__ import annotations
 
 import argparse
@@ -128,7 +128,7 @@ def cmd_sweep(args):
     print(path)
 
 
-RESULTS = "bench/results/latest"  # every subcommand's default --out
+RESULTS = "bench/results/latest"  # each subcommand's default --out is its folder here
 
 
 def main(argv=None):
@@ -179,10 +179,11 @@ def main(argv=None):
     a.set_defaults(fn=cmd_accuracy)
     for s in (o, a):
         s.add_argument("--model", default=None, help="real model: GGUF file or HF directory (default: bundled SmolLM2)")
-    for s in (o, a, f):
+    for s, name in ((o, "op"), (a, "accuracy"), (f, "frontier")):
         s.add_argument("--device", default=None, help="torch device, e.g. cuda or cpu (default: cuda when present)")
         s.add_argument("--config", help="JSON CrispConfig (CrispConfig.to_dict()) as the base config")
-        s.add_argument("--out", default=RESULTS, help="folder of the JSON and PNG results (default: %(default)s)")
+        s.add_argument("--out", default=f"{RESULTS}/{name}",
+                       help="folder of the JSON and PNG results (default: %(default)s)")
         s.add_argument("--no-plots", action="store_true", help="write the JSON only")
     from .e2e import add_arguments
 
@@ -203,7 +204,7 @@ def main(argv=None):
     w.add_argument("--new-tokens", type=int, default=6, help="greedy tokens per prompt (default: %(default)s)")
     w.add_argument("--variants", default=",".join(["eager", *VARIANTS]), help="comma list (default: %(default)s)")
     w.add_argument("--device", default=None, help="torch device (default: cuda when present)")
-    w.add_argument("--out", default=RESULTS, help="folder of e2e_sweep.json (default: %(default)s)")
+    w.add_argument("--out", default=f"{RESULTS}/e2e", help="folder of e2e_sweep.json (default: %(default)s)")
     w.set_defaults(fn=cmd_sweep)
     args = p.parse_args(argv)
     try:

@@ -9,7 +9,7 @@ more error, and whether it is faster. Every point also carries the same-budget o
 blocks at the plan's per-row counts) beside its plan's, both on 8 whole query blocks spread over the
 sequence (the plan's there estimates its full-sequence error): where the oracle misses a target, no block
 selection of that density meets it, whatever the method.
-Writes frontier_latest.json and frontier.png (default folder: bench/results/latest/).
+Writes frontier_latest.json and frontier.png (default folder: bench/results/latest/frontier/).
 """
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def best_within(points: list[dict], max_error: float) -> list[dict]:
     return out
 
 
-def write_results(points, out_dir="bench/results/latest", max_error=0.02, plots=True) -> str:
+def write_results(points, out_dir="bench/results/latest/frontier", max_error=0.02, plots=True) -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "frontier_latest.json")
     with open(path, "w") as f:

@@ -3,9 +3,9 @@
     python -m crisp_trt.bench.summary WORK [OUT] [--tar]      # OUT: bench/results/latest
 
 WORK holds each step's directory (op_latest.json, accuracy_latest.json, e2e.json, PNGs, logs). OUT gets
-the merged op_latest.json (+ its plots, rows in step order), accuracy_latest.json and e2e.json with their
-plots copied as they are, summary.txt, and with --tar results.tar.gz of everything in WORK (for a caller
-limited to a few files; not for the working tree).
+bench/results/latest's layout: op/ (the merged op_latest.json and its plots, rows in step order), accuracy/
+and e2e/ (the JSON and plots copied as they are), summary.txt, and with --tar results.tar.gz of everything in
+WORK (for a caller limited to a few files; not for the working tree).
 The table: per op row of the sparse methods n, workload, ms, speed-up vs cuDNN, density, error,
 recall, routing share; per accuracy method and length the mean accuracy and the worst cell against
 dense; perplexity; e2e TTFT and text identity.
@@ -32,15 +32,16 @@ def merge(work: str, out: str, tar: bool = True) -> dict:
     found = {}
     rows = [r for p in sorted(glob.glob(os.path.join(work, "*", "op_latest.json"))) for r in _load(p)["rows"]]
     if rows:
-        op.write_results(rows, out)
+        op.write_results(rows, os.path.join(out, "op"))
         found["op"] = rows
     for name, key in (("accuracy_latest.json", "accuracy"), ("e2e.json", "e2e")):
         hits = sorted(glob.glob(os.path.join(work, "*", name)))
         if hits:
-            shutil.copy(hits[-1], os.path.join(out, name))
+            os.makedirs(os.path.join(out, key), exist_ok=True)
+            shutil.copy(hits[-1], os.path.join(out, key, name))
             found[key] = _load(hits[-1])
             for png in glob.glob(os.path.join(os.path.dirname(hits[-1]), f"{key}*.png")):
-                shutil.copy(png, out)
+                shutil.copy(png, os.path.join(out, key))
     if tar:
         with tarfile.open(os.path.join(out, "results.tar.gz"), "w:gz") as archive:
             archive.add(work, arcname="results")

@@ -8,7 +8,7 @@ next-token KL at the prompt's end, and at each divergence the dense top-1/top-2 
 (a small margin means a near tie that any rounding can flip). Identity is token equality, greedy stopping
 after eos (crisp_trt.bench.e2e.greedy).
 
-    crisp-bench sweep ARTIFACT_DIR --lengths 2k,4k,8k     # writes bench/results/latest/e2e_sweep.json
+    crisp-bench sweep ARTIFACT_DIR --lengths 2k,4k,8k     # writes bench/results/latest/e2e/e2e_sweep.json
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def run_sweep(artifact: str, lengths, trials: int = 10, new_tokens: int = 6, var
     return {"artifact": str(artifact), "device": device, "rows": rows, "seconds": round(time.time() - t0, 1)}
 
 
-def write_results(result: dict, out_dir="bench/results/latest") -> str:
+def write_results(result: dict, out_dir="bench/results/latest/e2e") -> str:
     """e2e_sweep.json in out_dir; returns its path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
