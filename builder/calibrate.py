@@ -1,11 +1,12 @@
 """Per-layer calibration of CRISP's kappa (noise-floor multiplier) and tau (routing threshold).
 
 The paper leaves per-model threshold tuning open. Here: run the model once on calibration text,
-capture every layer's post-RoPE Q and K, and per layer and head measure the estimate statistics
-(noise floor, sink mass, local mass, C_struct) with crisp_trt.reference (estimate, select_heads).
-Then, per layer, search a fixed grid of (kappa, tau) for the lowest block density whose
-attention-mass recall (dense attention mass inside the selected blocks, on sampled query rows) is at
-least `recall` (default 0.98); ties prefer the global default. The grid stops at the base kappa: a
+capture every layer's post-RoPE Q and K (crisp_trt.workloads.real.capture), and per layer and head measure the
+estimate statistics (noise floor, sink mass, local mass, C_struct) with crisp_trt.reference (estimate, route).
+Then, per layer, search a fixed grid of (kappa, tau) for the lowest block density whose attention-mass recall
+is at least `recall` (default 0.98); ties prefer the global default. Recall is the benchmarks' measure
+(crisp_trt.bench.recall: dense causal softmax mass inside the attended blocks, on the same sampled rows), so
+calibration's 0.98 and crisp-bench's recall are the same number. The grid stops at the base kappa: a
 calibration may make a layer denser than the default, never sparser, because kappas picked above it on
 2k tokens kept recall there but not at 8k (SmolLM2 on the H200: greedy text identical to dense in 5 of 10
 retrieval prompts at 8k, bench/results/session4_model_c2k). Deterministic: fixed text, fixed grid,
@@ -20,6 +21,7 @@ import random
 import torch
 
 from crisp_trt import reference
+from crisp_trt.bench import recall as recall_measure
 from crisp_trt.config import CrispConfig
 
 KAPPAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the grid, cut at the base config's kappa (see above)
@@ -53,29 +55,15 @@ def calibration_text(tokens: int, seed: int = 0) -> str:
     return "".join(parts)
 
 
-def _sample_rows(n: int, count: int, window: int) -> torch.Tensor:
-    """Query rows for recall: the whole last window plus a fixed stride over the rest."""
-    last = torch.arange(max(0, n - window), n)
-    rest = torch.linspace(0, max(0, n - window - 1), steps=min(count, max(1, n - window))).round().long()
-    return torch.unique(torch.cat([rest, last]))
-
-
-def dense_rows(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Dense causal attention probabilities of the sampled rows: [H, R, n]. q [n,H,d], k [n,Hkv,d]."""
-    n, heads, d = q.shape
-    kk = k.float().repeat_interleave(heads // k.shape[1], dim=1)
-    logits = torch.einsum("ihd,jhd->hij", q[rows].float(), kk) / math.sqrt(d)
-    causal = torch.arange(n).view(1, n) <= rows.view(-1, 1)
-    return torch.softmax(logits.masked_fill(~causal, float("-inf")), -1)
-
-
-def mass_recall(p: torch.Tensor, masks: torch.Tensor, rows: torch.Tensor, block: int) -> torch.Tensor:
-    """Per head: mean over the sampled rows of the dense attention mass (p = dense_rows) the masks keep."""
-    n = p.shape[-1]
-    nb = masks.shape[-1]
-    pb = torch.nn.functional.pad(p, (0, nb * block - n)).view(*p.shape[:2], nb, block).sum(-1)  # [H, R, NB]
-    allowed = masks[:, rows // block]  # [H, R, NB]
-    return (pb * allowed).sum(-1).mean(-1)
+def block_mass(q: torch.Tensor, k: torch.Tensor, block: int, rows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """crisp_trt.bench.recall's sampled rows r and, per head, their dense softmax mass per key block
+    [H, R, NB]; recall of masks [H, NB, NB] is then (mass * masks[:, r // block]).sum(-1).mean(-1) per head."""
+    n, heads, _ = q.shape
+    group = heads // k.shape[1]
+    r = recall_measure.sample_rows(n, rows)
+    future = torch.arange(n)[None] > r[:, None]
+    mass = torch.stack([recall_measure.dense_rows(q[r, h], k[:, h // group], future, block)[1] for h in range(heads)])
+    return r, mass
 
 
 def head_statistics(est: reference.Estimate, sel: reference.HeadSelection, cfg: CrispConfig, n: int) -> dict:
@@ -106,21 +94,17 @@ def calibrate_layer(q: torch.Tensor, k: torch.Tensor, base: CrispConfig, recall:
     n = q.shape[0]
     cfg0 = base.replace(dense_below=0)
     est = reference.estimate(q, k, cfg0)
-    rows = _sample_rows(n, row_samples, cfg0.window)
-    p = dense_rows(q, k, rows)
+    rows, mass = block_mass(q, k, cfg0.block_size, row_samples)
     results = []
-    heads = q.shape[1]
-    vs_route = torch.full((heads,), reference.ROUTE_VERTICAL_SLASH)
-    bs_route = torch.full((heads,), reference.ROUTE_BLOCK_SPARSE)
     for kappa in grid_kappas(base):
         cfg_k = cfg0.replace(kappa=kappa)
-        sel = reference.select_heads(est, q, k, cfg_k)
+        sel = reference.route(est, q, k, cfg_k)
         # masks of each head under either route (tau only picks between them per head)
         per_route = {}
-        for name, route in (("vs", vs_route), ("bs", bs_route)):
-            forced = reference.HeadSelection(sel.columns, sel.distances, sel.c_struct, sel.jsd, route)
-            masks = reference.block_masks(q, k, forced, cfg_k)
-            per_route[name] = (mass_recall(p, masks, rows, cfg0.block_size), reference.density(masks))
+        for name, route in (("vs", reference.ROUTE_VERTICAL_SLASH), ("bs", reference.ROUTE_BLOCK_SPARSE)):
+            masks = reference.select(q, k, sel, cfg_k, route=route)
+            kept = (mass * masks[:, rows // cfg0.block_size]).sum(-1).mean(-1)
+            per_route[name] = (kept, reference.density(masks))
         for tau in TAUS:
             is_vs = sel.c_struct >= tau
             rec = torch.where(is_vs, per_route["vs"][0], per_route["bs"][0])
@@ -132,7 +116,7 @@ def calibrate_layer(q: torch.Tensor, k: torch.Tensor, base: CrispConfig, recall:
     key = lambda r: (round(r["density"], 6), (r["kappa"], r["tau"]) != default, -r["kappa"], r["tau"])  # noqa: E731
     best = min(ok, key=key) if ok else max(results, key=lambda r: (r["recall"], -r["density"]))
     default_row = next((r for r in results if (r["kappa"], r["tau"]) == default), None)
-    sel_best = reference.select_heads(est, q, k, cfg0.replace(kappa=best["kappa"], tau=best["tau"]))
+    sel_best = reference.route(est, q, k, cfg0.replace(kappa=best["kappa"], tau=best["tau"]))
     out = {k2: round(v, 6) if isinstance(v, float) else v for k2, v in best.items()}
     out["met"] = bool(ok)
     out["default"] = default_row and {k2: round(v, 6) for k2, v in default_row.items()}
@@ -140,54 +124,23 @@ def calibrate_layer(q: torch.Tensor, k: torch.Tensor, base: CrispConfig, recall:
     return out
 
 
-class _Capture:
-    """Records post-RoPE Q/K per layer via a registered HF attention function (then runs SDPA)."""
-
-    NAME = "crisp_calibrate"
-
-    def __init__(self):
-        self.q, self.k = {}, {}
-
-    def __call__(self, module, query, key, value, attention_mask, **kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        idx = getattr(module, "layer_idx", len(self.q))
-        self.q[idx] = query[0].transpose(0, 1).detach().float().cpu()  # [n, H, d]
-        self.k[idx] = key[0].transpose(0, 1).detach().float().cpu()
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-def capture_qk(model, input_ids: torch.Tensor):
-    from transformers import AttentionInterface
-
-    from crisp_trt.models import set_attn_implementation as set_attention
-
-    cap = _Capture()
-    AttentionInterface.register(_Capture.NAME, cap)
-    previous = model.config._attn_implementation
-    set_attention(model, _Capture.NAME)
-    try:
-        with torch.no_grad():
-            model(input_ids=input_ids, use_cache=False)
-    finally:
-        set_attention(model, previous)
-    return cap.q, cap.k
-
-
 def calibrate(model, tokenizer, tokens: int = 512, base: CrispConfig | None = None, recall: float = 0.98,
               seed: int = 0, progress: bool = True) -> tuple[CrispConfig, dict]:
     """Run the model on calibration text; returns (the CRISP config to use, the calibration record)."""
     from tqdm import tqdm
+
+    from crisp_trt.workloads.real import capture
 
     base = base or CrispConfig()
     torch.manual_seed(seed)
     text = calibration_text(tokens, seed)
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
     device = next(model.parameters()).device
-    qs, ks = capture_qk(model, ids.to(device))
+    captured = capture(model, ids.to(device))
     layers = []
-    for idx in tqdm(sorted(qs), desc="calibrating layers", disable=not progress):
-        layer = calibrate_layer(qs[idx], ks[idx], base, recall)
+    for idx in tqdm(sorted(captured), desc="calibrating layers", disable=not progress):
+        q, k, _ = captured[idx]
+        layer = calibrate_layer(q[0], k[0], base, recall)
         layer["layer"] = idx
         layers.append(layer)
     confirmed = all((l["kappa"], l["tau"]) == (base.kappa, base.tau) for l in layers)

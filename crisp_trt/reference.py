@@ -4,17 +4,22 @@ Written for clarity, not speed: one sequence and one head at a time, fp32 throug
 and the attention materialised. The block-granular semantics here ARE the specification the Triton
 kernels implement (crisp_trt/kernels/README.md repeats them next to the code):
 
+The functions carry the kernels' stage names (crisp_trt/kernels/README.md):
+
 estimate  per head, P = softmax(scale · Q[n-L:n] · Kᵀ) (causal), v[j] = mean_i P[i, j],
           s[o] = mean_i P[i, r_i - o]; reduced per block of B to (sum, max) → vsum, vmax, ssum, smax.
-select    noise floor = floor_quantile of the candidate block means (sink and local excluded),
-          keep a block iff its max > kappa · floor (or, budget="cumulative", by mass until gamma),
-          then min/max budgets (top-k by the same score, truncated to max in ascending order).
-route     C_struct = vertical mass of the key blocks the selection attends for the last query block;
-          kappa halves while C_struct < coverage; vertical-slash iff C_struct ≥ tau (routing="jsd": iff
-          sqrt(JSD(vsum, pooled)) ≥ tau); then a head that reached coverage keeps only its heaviest
+route     per head, the vertical-slash keep maps: noise floor = floor_quantile of the candidate block means
+          (sink and local excluded), keep a block iff its max > kappa · floor (or, budget="cumulative", by
+          mass until gamma), then min/max budgets (top-k by the same score, truncated to max in ascending
+          order); C_struct = vertical mass of the key blocks the selection attends for the last query
+          block; kappa halves while C_struct < coverage; vertical-slash iff C_struct ≥ tau (routing="jsd":
+          iff sqrt(JSD(vsum, pooled)) ≥ tau); then a head that reached coverage keeps only its heaviest
           columns and offsets that still cover it (trim_to_coverage).
-attend    per query block: vertical-slash → kept column blocks ∪ {qb - x : x ∈ kept distances};
-          block-sparse → pooled-Q·pooled-K row selection; always the sink, local and diagonal blocks.
+select    per query block, the attended key blocks: vertical-slash → kept column blocks ∪ {qb - x : x ∈ kept
+          distances}; block-sparse → pooled-Q·pooled-K row selection; always the sink, local and diagonal.
+          A route can be forced (select(..., route=...)): calibration scores each head under both.
+attend    causal attention restricted to the selected blocks.
+plan      estimate → route → select of one sequence.
 """
 from __future__ import annotations
 
@@ -212,7 +217,7 @@ def trim_to_coverage(vs: torch.Tensor, ss: torch.Tensor, columns: torch.Tensor, 
     return columns, offsets
 
 
-def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> HeadSelection:
+def route(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> HeadSelection:
     """Per head: noise-floor (or cumulative) selection of columns and diagonals, C_struct, route."""
     n, heads, d = q.shape
     block = cfg.block_size
@@ -250,8 +255,8 @@ def select_heads(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConf
         p_est = torch.softmax(pooled_k[:, h].cpu() @ pooled_q[h].cpu() / math.sqrt(d), 0)
         jsd[h] = jsd_distance(vs_cpu, p_est)
     score = c_struct if cfg.routing == "struct" else jsd  # the route is decided before the trim
-    route = torch.where(score >= cfg.tau, ROUTE_VERTICAL_SLASH, ROUTE_BLOCK_SPARSE)
-    return HeadSelection(columns, distances, c_struct, jsd, route)
+    routes = torch.where(score >= cfg.tau, ROUTE_VERTICAL_SLASH, ROUTE_BLOCK_SPARSE)
+    return HeadSelection(columns, distances, c_struct, jsd, routes)
 
 
 def sample_positions(lo: int, m: int, samples: int) -> torch.Tensor:
@@ -279,8 +284,10 @@ def block_sparse_row(pooled_q: torch.Tensor, pooled_k: torch.Tensor, qb: int, cf
     return keep
 
 
-def block_masks(q: torch.Tensor, k: torch.Tensor, sel: HeadSelection, cfg: CrispConfig) -> torch.Tensor:
-    """Attended key blocks per head and query block: bool [H, NB(q), NB(k)], diagonal included."""
+def select(q: torch.Tensor, k: torch.Tensor, sel: HeadSelection, cfg: CrispConfig,
+           route: int | None = None) -> torch.Tensor:
+    """Attended key blocks per head and query block: bool [H, NB(q), NB(k)], diagonal included. `route`
+    (ROUTE_VERTICAL_SLASH or ROUTE_BLOCK_SPARSE) forces that route on every head instead of sel.route."""
     n, heads, d = q.shape
     block = cfg.block_size
     nb = num_blocks(n, block)
@@ -289,17 +296,20 @@ def block_masks(q: torch.Tensor, k: torch.Tensor, sel: HeadSelection, cfg: Crisp
     masks = torch.zeros(heads, nb, nb, dtype=torch.bool)
     for h in range(heads):
         for qb in range(nb):
-            if int(sel.route[h]) == ROUTE_VERTICAL_SLASH:
+            if int(sel.route[h] if route is None else route) == ROUTE_VERTICAL_SLASH:
                 masks[h, qb] = vertical_slash_union(sel.columns[h], sel.distances[h], qb)
             else:
                 masks[h, qb] = block_sparse_row(pooled_q[qb, h], pooled_k[:, h], qb, cfg, 1 / math.sqrt(d))
     return masks
 
 
-def select_masks(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> tuple[HeadSelection, torch.Tensor]:
+def plan(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> tuple[HeadSelection, torch.Tensor]:
     """estimate → route → select of one sequence: the head selection and its block masks [H, NB, NB]."""
-    sel = select_heads(estimate(q, k, cfg), q, k, cfg)
-    return sel, block_masks(q, k, sel, cfg)
+    sel = route(estimate(q, k, cfg), q, k, cfg)
+    return sel, select(q, k, sel, cfg)
+
+
+select_masks = plan  # the name crisp_trt/bench/op.py still calls
 
 
 def causal_block_mask(n: int, heads: int, block: int) -> torch.Tensor:
@@ -347,6 +357,6 @@ def crisp_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: Crisp
         route = torch.full((heads,), ROUTE_DENSE)
         c_struct = torch.ones(heads)
     else:
-        sel, masks = select_masks(q, k, cfg)
+        sel, masks = plan(q, k, cfg)
         route, c_struct = sel.route, sel.c_struct
     return attend(q, k, v, masks, cfg.block_size), route, c_struct, density(masks)

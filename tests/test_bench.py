@@ -149,7 +149,7 @@ def test_same_budget_oracle_against_brute_force():
     count per query block); it keeps at least the plan's mass; a full plan scores 0 error and mass 1."""
     n, block, heads, rows = 512, 64, 4, 160
     q, k, v = (t[0] for t in synthetic_qkv(n, heads, 2, 64, spec=SyntheticSpec(), seed=3))
-    _, masks = reference.select_masks(q, k, CrispConfig(block_size=64, dense_below=0, min_budget=64, max_budget=128,
+    _, masks = reference.plan(q, k, CrispConfig(block_size=64, dense_below=0, min_budget=64, max_budget=128,
                                                         coverage=0))
     got = same_budget_oracle(q, k, v, plan_from_masks([masks]), block, rows=rows)
     first, nb = n - rows, n // block

@@ -107,7 +107,7 @@ def _plan_vs_reference(device, cfg, lens, heads, kv_heads, d, dtype, seed=4):
         nb = reference.num_blocks(n, cfg.block_size)
         got = masks_from_plan(p, s, nb).cpu()
         if n >= max(cfg.dense_below, 1):
-            want_masks = reference.block_masks(qs, ks, reference.select_heads(
+            want_masks = reference.select(qs, ks, reference.route(
                 reference.estimate(qs, ks, cfg), qs, ks, cfg), cfg)
             assert (got != want_masks).float().mean() <= 0.005, "selected blocks differ from the reference"
             counts = p.counts[s, :, :nb].cpu()

@@ -45,11 +45,10 @@ def test_estimate_is_a_distribution_and_matches_proxy():
 def test_sink_local_diagonal_always_kept_and_cstruct_in_range(seed):
     q, k, v = synthetic_qkv(900, 4, 2, 64, seed=seed)
     cfg = CrispConfig(block_size=64, dense_below=0, kappa=1e6, min_budget=0, tau=0.5)
-    sel = R.select_heads(R.estimate(q[0], k[0], cfg), q[0], k[0], cfg)
+    sel = R.route(R.estimate(q[0], k[0], cfg), q[0], k[0], cfg)
     assert torch.all((sel.c_struct >= 0) & (sel.c_struct <= 1))
-    for route in (R.ROUTE_VERTICAL_SLASH, R.ROUTE_BLOCK_SPARSE):
-        sel.route[:] = route
-        masks = R.block_masks(q[0], k[0], sel, cfg)
+    for route in (R.ROUTE_VERTICAL_SLASH, R.ROUTE_BLOCK_SPARSE):  # every head forced onto each route
+        masks = R.select(q[0], k[0], sel, cfg, route=route)
         nb = masks.shape[-1]
         for qb in range(nb):
             assert masks[:, qb, 0].all(), "sink block dropped"
@@ -71,7 +70,7 @@ def _kept_columns(n, budget):
     q, k = _planted(n)
     cfg = CrispConfig(block_size=128, dense_below=0, min_budget=0, max_budget=1 << 20, budget=budget,
                       sink_tokens=0, gamma=0.9, coverage=0.0)  # the floor rule itself: kappa fixed
-    sel = R.select_heads(R.estimate(q, k, cfg), q, k, cfg)
+    sel = R.route(R.estimate(q, k, cfg), q, k, cfg)
     return int(sel.columns[0].sum())
 
 
@@ -89,8 +88,8 @@ def test_jsd_and_tau_zero_routing():
     est = R.estimate(q, k, KEEP_ALL)
     for routing in ("struct", "jsd"):
         cfg = KEEP_ALL.replace(kappa=8.0, tau=0.0, routing=routing)
-        assert torch.all(R.select_heads(est, q, k, cfg).route == R.ROUTE_VERTICAL_SLASH)
-    sel = R.select_heads(est, q, k, KEEP_ALL.replace(routing="jsd", tau=0.1))
+        assert torch.all(R.route(est, q, k, cfg).route == R.ROUTE_VERTICAL_SLASH)
+    sel = R.route(est, q, k, KEEP_ALL.replace(routing="jsd", tau=0.1))
     assert torch.all((sel.jsd >= 0) & (sel.jsd <= 1))
 
 
@@ -110,10 +109,10 @@ def test_coverage_halves_kappa_until_cstruct_reaches_it():
     q, k = q[0], k[0]
     base = CrispConfig(block_size=64, dense_below=0, min_budget=0, kappa=16.0)
     est = R.estimate(q, k, base)
-    fixed = {kappa: R.select_heads(est, q, k, base.replace(kappa=kappa, coverage=0.0)) for kappa in base.kappas()}
+    fixed = {kappa: R.route(est, q, k, base.replace(kappa=kappa, coverage=0.0)) for kappa in base.kappas()}
     trimmed = 0
     for cov in (0.0, 0.9, 1.0):
-        sel = R.select_heads(est, q, k, base.replace(coverage=cov))
+        sel = R.route(est, q, k, base.replace(coverage=cov))
         for h in range(q.shape[1]):
             ladder = base.replace(coverage=cov).kappas()
             first = next((kp for kp in ladder if fixed[kp].c_struct[h] >= cov), ladder[-1])
@@ -152,7 +151,7 @@ def test_route_is_vertical_slash_iff_reported_cstruct_reaches_tau_when_coverage_
     q, k = q[0], k[0]
     cfg = CrispConfig(block_size=64, dense_below=0, min_budget=0, kappa=2.0, coverage=0.5, tau=tau)
     est = R.estimate(q, k, cfg)
-    sel = R.select_heads(est, q, k, cfg)
+    sel = R.route(est, q, k, cfg)
     want = torch.where(sel.c_struct >= tau, R.ROUTE_VERTICAL_SLASH, R.ROUTE_BLOCK_SPARSE)
     assert torch.equal(sel.route, want)
     below = [h for h in range(q.shape[1]) if sel.route[h] == R.ROUTE_VERTICAL_SLASH and _covered(est, sel, h) < tau]

@@ -1,4 +1,4 @@
-"""route: per head, the vertical-slash selection, its C_struct, and the route (reference.select_heads).
+"""route: per head, the vertical-slash selection, its C_struct, and the route (reference.route).
 
 One program per (head, sequence). From estimate's per-block vsum/vmax/ssum/smax it keeps column
 blocks (sink always, candidates by bisect.thresholds) and offset blocks (local always), turns offsets
