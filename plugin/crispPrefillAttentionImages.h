@@ -1,5 +1,5 @@
 /*
- * The embedded kernels: cubins of crisp_trt/kernels/ compiled ahead of time by scripts/aot_compile.py,
+ * The embedded kernels: cubins of crisp_trt/kernels/ compiled ahead of time by crisp_trt/kernels/aot.py,
  * which generates crispKernelImages() at build time (build dir, crispKernelImages.cpp).
  */
 #pragma once

@@ -11,7 +11,7 @@ HAS_GPU = torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on one)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/device/gpu_check.sh on one)")
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip)

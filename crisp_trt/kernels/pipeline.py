@@ -3,7 +3,7 @@
 Every stage is a Triton kernel over fixed-size buffers sized from max_seqlen (NB = ceil(max/B)
 blocks; launch.Sizes / launch.buffers), with per-sequence bounds read on the device from cu_seqlens:
 no `.item()`, no `nonzero()`, no host synchronisation, so the op runs under CUDA-graph capture. Launch
-order (the TensorRT plugin repeats it, plugin/crispPrefillAttentionKernels.cpp): zero s_mass, keep maps,
+order (contract.LAUNCHES, which the TensorRT plugin is generated from): zero s_mass, keep maps,
 counts, poison flag → estimate_partial → estimate_mass → slash_reduce → pool → route (→ route_jsd) →
 select → attend → poison_scan → poison_apply (non-finite q/k/v or malformed cu_seqlens → NaN output).
 """
@@ -46,7 +46,7 @@ class Plan:
 
 class Stages:
     """The buffers and launches of one plan: estimate() → route() → select(), each a method so the
-    stages can be timed apart (scripts/speed_table.py); plan() runs all three. The buffers are views of one
+    stages can be timed apart; plan() runs all three. The buffers are views of one
     workspace (launch.Workspace, the plugin's layout) whose zeroed prefix estimate() clears with one memset,
     as it starts a plan: one allocation and one fill instead of ~25 of each per call (host time at short
     lengths)."""

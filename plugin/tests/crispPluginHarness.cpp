@@ -1,6 +1,6 @@
 /*
- * GPU harness for libcrisp_trt_plugin.so, loaded by scripts/aot_harness.py through ctypes (tests/test_plugin.py,
- * scripts/gpu_plugin.sh). It plays TensorRT's part on caller-owned CUDA buffers (torch tensors):
+ * GPU harness for libcrisp_trt_plugin.so, loaded by tests/plugin_harness.py through ctypes (tests/test_plugin.py,
+ * scripts/device/gpu_plugin.sh). It plays TensorRT's part on caller-owned CUDA buffers (torch tensors):
  *
  *   crisp_harness_create   build phase: createPlugin, getOutputDataTypes, getOutputShapes (a constant-folding
  *                          IExprBuilder), supportsFormatCombination, configurePlugin, getWorkspaceSize; then the
