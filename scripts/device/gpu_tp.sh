@@ -6,7 +6,7 @@
 # MODEL: the checkpoint (default: the staged GGUF in /tmp/crisp_stage/qwen, else crisp_trt.models.qwen_path());
 # ART: an artifact to reuse (default: built here, --calibrate 0, YaRN ×4, --max-seq 128k); LENGTHS (32k,128k;
 # a prompt is capped so that it and its NEW tokens fit the 128k positions), ATTENTIONS (crisp,dense),
-# REPEATS (3), NEW (16), LIMIT (seconds per TP run, 270). DEVICE=cpu is a dry run (gloo, no GPU setup; pass a
+# REPEATS (3), NEW (16), LIMIT (seconds per TP run, 240). DEVICE=cpu is a dry run (gloo, no GPU setup; pass a
 # small LENGTHS). NVLink multicast stays off (the device docs say why). $OUT gets tp.json; the table is last.
 set -u
 DEVICE=${DEVICE:-cuda}
@@ -57,7 +57,7 @@ if __name__ == "__main__":
     rows = []
     for attention in os.environ["ATTENTIONS"].split(","):
         gens = runtime.generate_tp(art, prompts, tp=tp, max_new_tokens=new, attention=attention, device=device,
-                                   dtype=torch.bfloat16 if device == "cuda" else None, warmup=1, repeats=repeats)
+                                   dtype=torch.bfloat16 if device == "cuda" else torch.float32, warmup=1, repeats=repeats)
         for gen in gens:
             torch.save(gen.logits, os.path.join(work, f"logits_tp{tp}_{attention}_{gen.prompt_tokens}.pt"))
             rows.append({"tp": tp, "attention": attention, "n": gen.prompt_tokens, "ttft_ms": gen.ttft_s * 1000,
@@ -68,9 +68,9 @@ EOF
 
 export DEVICE LENGTHS=${LENGTHS:-32k,128k} ATTENTIONS=${ATTENTIONS:-crisp,dense} REPEATS=${REPEATS:-3} NEW=${NEW:-16}
 for TP in 1 2; do
-  echo "== TP=$TP (limit ${LIMIT:-270}s)"
+  echo "== TP=$TP (limit ${LIMIT:-240}s)"
   start=$SECONDS
-  timeout -k 10 "${LIMIT:-270}" python3 "$WORK/tp_run.py" "$ART" "$TP" "$WORK" > "$WORK/tp$TP.log" 2>&1
+  timeout -k 10 "${LIMIT:-240}" python3 "$WORK/tp_run.py" "$ART" "$TP" "$WORK" > "$WORK/tp$TP.log" 2>&1
   rc=$?
   grep "^tp " "$WORK/tp$TP.log"
   [ "$rc" -eq 0 ] || { echo "-- TP=$TP failed (rc=$rc; 124 = timeout); log tail:"; tail -n 25 "$WORK/tp$TP.log"; }
