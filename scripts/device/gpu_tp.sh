@@ -3,7 +3,8 @@
 # model, TP=1 against TP=2 at 32k and 128k (YaRN ×4): TTFT (median of REPEATS after one warm-up, rank 0's
 # clock, all ranks started together) and whether the greedy text is identical, CRISP and dense prefill, bf16.
 #   bash scripts/device/unstage.sh qwen && bash scripts/device/gpu_tp.sh      (staging: scripts/device/stage.sh)
-# MODEL: the checkpoint (default: the staged GGUF in /tmp/crisp_stage/qwen, else crisp_trt.models.qwen_path());
+# MODEL: the checkpoint (default: the staged GGUF in /tmp/crisp_stage/qwen, else crisp_trt.models.qwen_path(); a
+# GGUF needs gguf: carry its wheel as .stage/gguf-*.whl where the machine lacks it; an HF directory does not);
 # ART: an artifact to reuse (default: built here, --calibrate 0, YaRN ×4, --max-seq 128k); LENGTHS (32k,128k;
 # a prompt is capped so that it and its NEW tokens fit the 128k positions), ATTENTIONS (crisp,dense),
 # REPEATS (3), NEW (16), LIMIT (seconds per TP run, 240). DEVICE=cpu is a dry run (gloo, no GPU setup; pass a
@@ -29,6 +30,11 @@ if [ ! -f "$ART/config.json" ]; then
   MODEL=${MODEL:-$(ls /tmp/crisp_stage/qwen/*.gguf 2>/dev/null | head -n 1)}
   [ -n "$MODEL" ] || MODEL=$(python3 -c "from crisp_trt.models import qwen_path; print(qwen_path())") \
     || { echo "gpu_tp.sh: no Qwen model: stage it (scripts/device/stage.sh + unstage.sh qwen) or set MODEL"; exit 1; }
+  if [[ "$MODEL" == *.gguf ]] && ! python3 -c "import gguf" 2>/dev/null; then  # the GGUF reader, carried as a wheel
+    WHL=$(ls .stage/gguf-*.whl .stage/*/gguf-*.whl /tmp/crisp_stage/gguf-*.whl 2>/dev/null | head -n 1)
+    [ -n "$WHL" ] && python3 -m pip install -q --no-deps --no-index "$WHL" \
+      || { echo "gpu_tp.sh: gguf is not importable and no gguf wheel was carried (.stage/gguf-*.whl)"; exit 1; }
+  fi
   echo "== crisp-build $MODEL → $ART"
   python3 -m crisp_trt.builder --model "$MODEL" --output "$ART" --backend torch --max-seq 128k \
     --rope-scaling yarn:4 --calibrate 0 --dtype bf16 --no-progress > "$WORK/build.log" 2>&1 \
