@@ -209,3 +209,28 @@ def test_oracle_positions_spread_whole_blocks():
     assert oracle_positions(1000, 64, 100, "last").tolist() == list(range(900, 1000))
     with pytest.raises(ValueError, match="where='first'"):
         oracle_positions(1000, 64, 100, "first")
+
+
+@pytest.mark.parametrize("argv,folder", [(["op"], "op"), (["frontier"], "frontier"), (["accuracy"], "accuracy"),
+                                         (["sweep", "an_artifact"], "e2e")])
+def test_default_out_is_the_benchmarks_latest_folder(monkeypatch, argv, folder):
+    """Without --out each subcommand writes to its own folder of bench/results/latest/ (what docs/results.md reads)."""
+    from crisp_trt.bench import cli
+
+    seen = {}
+    for name in ("cmd_op", "cmd_frontier", "cmd_accuracy", "cmd_sweep"):
+        monkeypatch.setattr(cli, name, lambda args: seen.update(out=args.out))
+    cli.main(argv)
+    assert seen["out"] == f"bench/results/latest/{folder}"
+
+
+def test_calibration_recall_is_the_bench_recall():
+    """crisp-build's calibration scores a plan with crisp-bench's recall: same rows, same mass, same number."""
+    from crisp_trt.builder.calibrate import block_mass
+
+    q, k, _ = (t[0] for t in synthetic_qkv(640, 4, 2, 64, spec=SyntheticSpec(), seed=5))
+    _, masks = reference.plan(q, k, CrispConfig(block_size=64, dense_below=0, min_budget=64, max_budget=128))
+    rows, mass = block_mass(q, k, 64)
+    per_head = (mass * masks[:, rows // 64]).sum(-1).mean(-1)
+    bench = plan_recall(q, k, plan_from_masks([masks]), 64)
+    assert float(per_head.mean()) == pytest.approx(bench, rel=1e-6) and bench < 1.0
