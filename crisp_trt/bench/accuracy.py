@@ -137,17 +137,21 @@ def _haystack(tok, task: str, haystack: str | None):
     return tok(text, return_tensors="pt").input_ids[0], _word_pool(text)
 
 
-def nll(model, ids: torch.Tensor, chunk: int = 4096) -> float:
-    """Mean next-token negative log-likelihood of ids [1, n], the LM head applied `chunk` positions at a time
-    (n × vocab float32 logits at once would take 20 GB at 32k for a 152k vocabulary)."""
+def chunked_logp(model, ids: torch.Tensor, chunk: int = 4096):
+    """Yield (a, b, log-probs [b - a, vocab] float32) of positions a..b-1 predicting ids[a+1..b] for ids [1, n]:
+    one forward, the LM head applied `chunk` positions at a time (n × vocab float32 logits at once would
+    take 20 GB at 32k for a 152k vocabulary)."""
     with torch.no_grad():
         hidden = model.model(ids, use_cache=False).last_hidden_state[0]
         head = model.get_output_embeddings()
-        total = 0.0
         for a in range(0, ids.shape[1] - 1, chunk):
             b = min(a + chunk, ids.shape[1] - 1)
-            logits = head(hidden[a:b]).float()
-            total += float(torch.nn.functional.cross_entropy(logits, ids[0, a + 1:b + 1], reduction="sum"))
+            yield a, b, torch.log_softmax(head(hidden[a:b]).float(), -1)
+
+
+def nll(model, ids: torch.Tensor) -> float:
+    """Mean next-token negative log-likelihood of ids [1, n]."""
+    total = sum(-float(logp.gather(1, ids[0, a + 1:b + 1, None]).sum()) for a, b, logp in chunked_logp(model, ids))
     return total / (ids.shape[1] - 1)
 
 

@@ -19,19 +19,16 @@ MAX_DPPL = 0.0025   # perplexity may rise by 0.25 % (half the 0.5 % acceptance b
 MAX_KL = 0.01       # nats, mean over the last positions
 
 
-def _scores(model, ids: torch.Tensor, kl_positions: int, dense_logp: torch.Tensor | None, chunk: int = 4096):
+def _scores(model, ids: torch.Tensor, kl_positions: int, dense_logp: torch.Tensor | None):
     """(mean NLL over the text, log-probs of its last kl_positions positions, mean KL to dense_logp)."""
+    from .accuracy import chunked_logp
+
     n = ids.shape[1]
-    with torch.no_grad():
-        hidden = model.model(ids, use_cache=False).last_hidden_state[0]
-        head = model.get_output_embeddings()
-        total, tail = 0.0, []
-        for a in range(0, n - 1, chunk):
-            b = min(a + chunk, n - 1)
-            logp = torch.log_softmax(head(hidden[a:b]).float(), -1)
-            total -= float(logp.gather(1, ids[0, a + 1:b + 1, None]).sum())
-            if b > n - 1 - kl_positions:
-                tail.append(logp[max(0, n - 1 - kl_positions - a):])
+    total, tail = 0.0, []
+    for a, b, logp in chunked_logp(model, ids):
+        total -= float(logp.gather(1, ids[0, a + 1:b + 1, None]).sum())
+        if b > n - 1 - kl_positions:
+            tail.append(logp[max(0, n - 1 - kl_positions - a):])
     logp = torch.cat(tail)
     kl = None if dense_logp is None else float((dense_logp.exp() * (dense_logp - logp)).sum(-1).mean())
     return total / (n - 1), logp, kl
