@@ -294,3 +294,20 @@ def test_e2e_bench_on_the_artifact(artifact, tmp_path):
         assert "diverge_at" not in p or (0 <= p["diverge_at"] < 3 and p["dense_gap"] >= 0)
         assert p["identical"] or "diverge_at" in p  # different text needs different tokens
     assert json.loads((tmp_path / "e2e.json").read_text())["rows"][0]["prompts"] == prompts
+
+
+@pytest.mark.slow
+def test_artifact_exports_its_calibrated_layers(artifact, tmp_path):
+    """crisp-build --backend tensorrt's export step on the artifact: one CrispPrefillAttention per layer, each
+    with that layer's calibrated kappa/tau, in the engine dtype (bf16)."""
+    onnx = pytest.importorskip("onnx")
+    from crisp_trt import plugin
+    from crisp_trt.builder.engine import export_artifact
+
+    path = export_artifact(artifact, tmp_path / "model.onnx", "bf16")
+    layers = json.loads((artifact / "config.json").read_text())["crisp"]["layers"]
+    nodes = [n for n in onnx.load(str(path), load_external_data=False).graph.node if n.op_type == plugin.NAME]
+    assert len(nodes) == 30
+    for node, layer in zip(nodes, layers):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["kappa"] == pytest.approx(layer["kappa"]) and attrs["tau"] == pytest.approx(layer["tau"])
