@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 22 on the GPU machine with TensorRT-RTX: the plugin under a real builder, and crisp-build --backend
 # tensorrt engines (CrispPrefillAttention in every attention layer) for SmolLM2 and the Qwen model.
-#   STEPS=plugin,network,pytest,engines bash scripts/gpu_trt_rtx.sh      (default: all; OUT receives the files)
+#   STEPS=plugin,network,pytest bash scripts/gpu_trt_rtx.sh   (≤ 10 min), then at once, warm:
+#   STEPS=engines bash scripts/gpu_trt_rtx.sh                  (the plugin build is kept; OUT receives the files)
 # Needs, carried: third_party/TensorRT (headers, < 1 MiB), .whl/ with the cp312 RTX bindings wheel
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl tensorrt-rtx-cu13-bindings==1.7.1.116
@@ -33,17 +34,17 @@ if ! ls .whl/tensorrt_rtx_cu13_libs*.whl > /dev/null 2>&1 && [ -f "$STAGE/rtxlib
   [ -f "$whl" ] || cat "$STAGE"/rtxlibs.part.* > "$whl"
   (cd "$STAGE" && sha256sum -c rtxlibs.sha256) || { echo "rtx libs wheel incomplete: stage the other part"; rm -f "$whl"; }
 fi
-wheels=$(ls .whl/*.whl "$STAGE"/tensorrt_rtx_cu13_libs*.whl 2>/dev/null)
+wheels=$(ls .whl/*.whl "$STAGE"/tensorrt_rtx_cu13_libs*.whl "$STAGE"/gguf-*.whl 2>/dev/null)
 [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels \
   && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 python3 -c "from crisp_trt import plugin; t = plugin.tensorrt(builder=True); print('builder:', t.__name__, t.__version__)" \
   || echo "no TensorRT builder importable: the steps below will say so"
 export CRISP_TRT_PLUGIN_LIB="$PWD/build/plugin/libcrisp_trt_plugin.so"
 
-want plugin && step plugin 240 scripts/build_plugin.sh third_party/TensorRT \
+want plugin && step plugin 200 scripts/build_plugin.sh third_party/TensorRT \
   -DCRISP_TRT_CUDA_ARCHITECTURES=90 "-DCRISP_TRT_HEAD_DIMS=64;128"
-want network && step network 240 python3 scripts/gpu_trt_rtx.py --json "$WORK/network.json"
-want pytest && step pytest 240 python3 -m pytest -q -rs tests/test_trt_network.py
+want network && step network 200 python3 scripts/gpu_trt_rtx.py --json "$WORK/network.json"
+want pytest && step pytest 180 python3 -m pytest -q -rs tests/test_trt_network.py
 
 if want engines; then
   GGUF=$(python3 -c "from crisp_trt.models import smollm2_path; print(smollm2_path())" 2>/dev/null)
