@@ -1,4 +1,4 @@
-"""CrispConfig: every knob of the CRISP pipeline (DESIGN.md §3), validated on construction.
+"""CrispConfig: every knob of the CRISP pipeline (docs/design.md, "Configuration"), validated on construction.
 
 Frozen so a config can be a dict key, a torch.compile constant and a TensorRT plugin field set;
 `to_dict`/`from_dict` give the exact round trip the builder and the plugin rely on.

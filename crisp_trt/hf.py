@@ -1,4 +1,4 @@
-"""HF transformers integration: `attn_implementation="crisp"` (DESIGN.md §4).
+"""HF transformers integration: `attn_implementation="crisp"` (docs/design.md, "Interfaces").
 
 `register()` (run on import of this module) adds "crisp" to transformers' `AttentionInterface` and the
 SDPA mask builder to `AttentionMaskInterface` under the same name, so

@@ -309,7 +309,6 @@ def plan(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> tuple[HeadSelect
     return sel, select(q, k, sel, cfg)
 
 
-select_masks = plan  # the name crisp_trt/bench/op.py still calls
 
 
 def causal_block_mask(n: int, heads: int, block: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""`crisp-bench accuracy`: real-model retrieval and perplexity, dense vs CRISP vs FlexPrefill-mode (DESIGN.md §6).
+"""`crisp-bench accuracy`: real-model retrieval and perplexity, dense vs CRISP vs FlexPrefill-mode (docs/design.md, "Measuring").
 
 Tasks (TASKS), each a haystack of n tokens of real text with something planted at a depth:
   words     induction retrieval (a 135M model solves it densely): 8 random words planted; the prompt ends
@@ -15,7 +15,7 @@ Method "dense_eager" (a control, not in the default list) is dense attention thr
 it shows how many trials flip between two dense implementations alone (near-tied answer tokens).
 Perplexity: exp(mean NLL) on held-out real text of n tokens (the licence tail, or a texts corpus), its
 logits computed in chunks. Seeds are fixed per (task, length, depth, trial), so every method sees identical
-prompts. `rope(n)` may switch the model's RoPE per length (e.g. YaRN above the native context). JSON: bench/results/accuracy_latest.json; one heat-map PNG
+prompts. `rope(n)` may switch the model's RoPE per length (e.g. YaRN above the native context). JSON: bench/results/latest/accuracy/accuracy_latest.json; one heat-map PNG
 per method (depth × length, accuracy).
 """
 from __future__ import annotations
@@ -229,7 +229,7 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
             "config": base.to_dict(), "configs": configs_used, "cells": cells, "perplexity": ppl}
 
 
-def write_results(result, out_dir="bench/results", plots=True) -> str:
+def write_results(result, out_dir="bench/results/latest/accuracy", plots=True) -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "accuracy_latest.json")
     with open(path, "w") as f:

@@ -6,7 +6,7 @@ dense kernel may flip too). The control measures exactly that in the same run: d
 kernels (same maths as SDPA, other rounding) against SDPA on the same prompts. JSON + PNG.
 
     from crisp_trt.bench.e2e import run_e2e
-    run_e2e("artifact_dir", [2048, 4096, 8192], out_dir="bench/results")
+    run_e2e("artifact_dir", [2048, 4096, 8192], out_dir="bench/results/latest/e2e")
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def run_ttft(model, tok, lengths, methods=("dense", "crisp"), configs: dict | No
     return rows
 
 
-def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "bench/results", repeats: int = 5,
+def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "bench/results/latest/e2e", repeats: int = 5,
             warmup: int = 1, trials: int = 10, new_tokens: int = 6, device: str | None = None, plot: bool = True,
             control: bool = True) -> dict:
     """TTFT dense vs CRISP per length (median of `repeats` after `warmup`), prefill tokens/s, and text
@@ -192,7 +192,7 @@ def add_arguments(p) -> None:
     """The e2e options, shared by `crisp-bench e2e` and `python -m crisp_trt.bench.e2e`."""
     p.add_argument("artifact", metavar="DIR", help="crisp-build --backend torch output directory")
     p.add_argument("--lengths", default="2k,4k,8k", help="prompt lengths, e.g. 2k,4k,8k")
-    p.add_argument("--out", default="bench/results", help="directory for e2e.json and e2e.png")
+    p.add_argument("--out", default="bench/results/latest/e2e", help="directory for e2e.json and e2e.png")
     p.add_argument("--repeats", type=int, default=5, help="timed prefills per length and attention (median)")
     p.add_argument("--trials", type=int, default=10, help="retrieval prompts per length for the identity check")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")

@@ -1,6 +1,6 @@
 """`crisp-bench op`: dense (cuDNN, FA2) vs CRISP / FlexPrefill-mode / ablations on the same inputs.
 
-Rows (bench/results/op_latest.json, {"rows": [...]}) have exactly ROW_KEYS. On CUDA: SDPA with the
+Rows (bench/results/latest/op/op_latest.json, {"rows": [...]}) have exactly ROW_KEYS. On CUDA: SDPA with the
 CUDNN_ATTENTION / FLASH_ATTENTION backends, CUDA-event timing, median of `repeats` after warm-up.
 On CPU (smoke / small sizes): the dense rows time the pure-PyTorch reference (method names kept so the
 schema is the same), CRISP rows time the reference pipeline. routing_ms = estimate+route+select time
@@ -82,7 +82,7 @@ def reference_masks(q, k, cfg: CrispConfig):
     n, heads, _ = q.shape
     if n < max(cfg.dense_below, 1):
         return reference.causal_block_mask(n, heads, cfg.block_size)
-    return reference.select_masks(q, k, cfg)[1]
+    return reference.plan(q, k, cfg)[1]
 
 
 def method_plan(q, k, cfg: CrispConfig, max_n: int):
@@ -289,7 +289,7 @@ def _routing_ms(q, k, cfg, repeats, device):
     return median_ms(lambda: reference_masks(qc, kc, cfg), max(1, repeats // 2), device)
 
 
-def write_results(rows, out_dir="bench/results", plots=True) -> str:
+def write_results(rows, out_dir="bench/results/latest/op", plots=True) -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "op_latest.json")
     with open(path, "w") as f:

@@ -1,4 +1,4 @@
-"""Attention-mass recall of a Plan on sampled query rows (DESIGN.md §6), computed where q lives.
+"""Attention-mass recall of a Plan on sampled query rows (docs/design.md, "Measuring"), computed where q lives.
 
 For a sampled row r of one sequence and a head h, the exact causal softmax row p = softmax(q_r·Kᵀ/√d)
 (fp32) is summed over the key blocks the attend kernel visits for r's query block qb = r // B: the

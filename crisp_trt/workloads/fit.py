@@ -1,4 +1,4 @@
-"""Fit SyntheticSpec to statistics measured on real Q/K/V (DESIGN.md §6: workload b fitted to a).
+"""Fit SyntheticSpec to statistics measured on real Q/K/V (docs/design.md, "Measuring": the synthetic workload fitted to real Q/K/V).
 
 Statistics (`attention_stats`), per head over the last `rows` query rows of the exact causal softmax,
 then averaged over heads:

@@ -1,14 +1,15 @@
-"""Real Q/K/V (DESIGN.md §6 workload a): post-RoPE query/key/value of SmolLM2-135M on real English text.
+"""Real Q/K/V (docs/design.md, "Measuring"): post-RoPE query/key/value of a real model on real text.
 
 Text source: the Debian package `base-files` (present on every Debian/Ubuntu system, installs with
 apt) ships the full texts of the common free-software licences under /usr/share/common-licenses
 (GPL-1/2/3, LGPL, GFDL, MPL, Apache-2.0, Artistic, CC0: ~260 KB of real English prose, ~60k
 SmolLM2 tokens). `real_text()` concatenates them in a fixed order; `held_out_text()` is the
-disjoint tail used for perplexity. A longer book source (e.g. PyPI/Debian Project Gutenberg
-packages) can be plugged in through `real_text(paths=...)`.
+disjoint tail used for perplexity. Longer text (16k–128k tokens, prose and code) comes from the
+corpora of `texts.py`; `text_ids(..., source=name)` reads either.
 
-`capture_qkv(n, layers)` runs the model once with a temporary attention implementation that records
-what transformers passes to attention (after the RoPE rotation), then answers with SDPA.
+`capture(model, ids)` runs the model once with a temporary attention implementation that records what
+transformers passes to attention (after the RoPE rotation), then answers with SDPA; `capture_qkv(n, layers)`
+does it on n tokens of the licence text with the bundled SmolLM2.
 """
 from __future__ import annotations
 

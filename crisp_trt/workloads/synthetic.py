@@ -1,4 +1,4 @@
-"""Synthetic Q/K/V with controllable attention structure (DESIGN.md §6 workload b).
+"""Synthetic Q/K/V with controllable attention structure (docs/design.md, "Measuring").
 
 A SyntheticSpec names the attention statistics of `fit.attention_stats` (sink / local / top shares of
 the last query rows, background floor) at `ref_n` and their length law: each share moves linearly in
