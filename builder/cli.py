@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from crisp_trt import tp
 from crisp_trt.config import CrispConfig
 from crisp_trt.lengths import parse_length
 
@@ -84,12 +85,10 @@ def run(args: argparse.Namespace) -> Path:
     model = args.model or default_model()
     hf_cfg = inspect_checkpoint(model)
     max_seq, rope = check_max_seq(args.max_seq, hf_cfg, args.rope_scaling)
-    if args.tp < 1:
-        raise BuildError(f"--tp {args.tp}: expected >= 1")
-    heads = hf_cfg["num_attention_heads"]
-    if heads % args.tp:
-        raise BuildError(f"--tp {args.tp}: num_attention_heads={heads} is not divisible by it "
-                         "(tensor parallelism shards attention heads)")
+    try:
+        tp.check(args.tp, *tp.model_shape(hf_cfg))  # the runtime's and the converter's sharding rule
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
     if args.max_batch < 1:
         raise BuildError(f"--max-batch {args.max_batch}: expected >= 1")
     backend = args.backend

@@ -136,7 +136,7 @@ def write_tensorrtllm_repo(artifact_dir, repo_dir) -> Path:
 
 def write_repo(artifact_dir, repo_dir) -> Path:
     art = Path(artifact_dir)
-    if (art / "engines").is_dir():
+    if any((art / "engines").glob("rank*.engine")):  # TensorRT-LLM engines (engines/crisp.plan is the ONNX route's)
         return write_tensorrtllm_repo(art, repo_dir)
     write_python_model(art, repo_dir)
     return Path(repo_dir)
