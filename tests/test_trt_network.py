@@ -1,6 +1,6 @@
 """CrispPrefillAttention under a real TensorRT builder (TensorRT-RTX 1.7 or TensorRT): the plugin in a network
 with packed varlen inputs and a profile up to 128k tokens, built and serialised, the builder's asks against the
-plugin's answers (scripts/gpu_trt_rtx.py); and the exported prefill graph parsed with a plugin layer per
+plugin's answers (scripts/device/gpu_trt_rtx.py); and the exported prefill graph parsed with a plugin layer per
 attention layer. Runs where a builder, a CUDA GPU and the built plugin library are present; skips otherwise,
 saying which is missing. Each build runs in a child process (a library abort is reported as a failure)."""
 import json
@@ -33,7 +33,7 @@ def toolchain():
 
 def test_plugin_in_network_builds_to_128k(toolchain, tmp_path):
     out = tmp_path / "network.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_trt_rtx.py"), "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "device" / "gpu_trt_rtx.py"), "--json", str(out)],
                           capture_output=True, text=True, timeout=900)
     rows = json.loads(out.read_text())["rows"]
     for row in rows:

