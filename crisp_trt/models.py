@@ -219,7 +219,12 @@ def set_rope_scaling(model, scaling: dict | None) -> None:
 def rope_for(model):
     """n → the rope scaling to run n tokens with: None within the model's native context
     (config.max_position_embeddings), else YaRN with the smallest power-of-two factor that covers n (Qwen's
-    documented recipe for its 2.5 family; factor 4 takes the 32k Qwen model to 128k)."""
+    documented recipe for its 2.5 family; factor 4 takes the 32k Qwen model to 128k). A model that already
+    carries a scaling (an artifact built with --rope-scaling) keeps it at every length."""
+    params = dict(getattr(model.config, "rope_parameters", None) or {})
+    if params.get("rope_type", "default") != "default":
+        own = {k: v for k, v in params.items() if k != "rope_theta"}
+        return lambda n: own
     native = model.config.max_position_embeddings
 
     def scaling(n: int):

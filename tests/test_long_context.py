@@ -220,3 +220,29 @@ def test_qwen_passkey_crisp_matches_dense():
     dense, crisp = (next(c for c in res["cells"] if c["method"] == m) for m in ("dense", "crisp"))
     assert dense["accuracy"] == crisp["accuracy"] == 1.0
     assert crisp["loglik"] == pytest.approx(dense["loglik"], rel=0.01, abs=0.01) and crisp["kl"] < 1e-3
+
+
+def test_bench_cli_real_and_needles(tiny, texts, tmp_path, capsys):
+    """crisp-bench op --workloads real --source/--layers and accuracy --task/--haystack reach the code above;
+    a bad --layers is one line naming it."""
+    from crisp_trt.bench.cli import main
+
+    model, tok = tiny
+    ckpt = tmp_path / "ckpt"
+    model.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(SMALL.to_dict()))
+    main(["op", "--workloads", "real", "--model", str(ckpt), "--source", "code", "--layers", "0", "--lengths", "256",
+          "--methods", "dense_cudnn,crisp", "--repeats", "1", "--config", str(cfg), "--device", "cpu",
+          "--out", str(tmp_path / "op"), "--no-plots"])
+    rows = json.loads((tmp_path / "op" / "op_latest.json").read_text())["rows"]
+    assert {r["workload"] for r in rows} == {"ckpt_code_L0", "ckpt_code_all"}
+    main(["accuracy", "--model", str(ckpt), "--task", "passkey", "--haystack", "code", "--lengths", "300",
+          "--depths", "0.5", "--trials", "1", "--methods", "dense,crisp", "--no-perplexity", "--config", str(cfg),
+          "--device", "cpu", "--out", str(tmp_path / "acc"), "--no-plots"])
+    res = json.loads((tmp_path / "acc" / "accuracy_latest.json").read_text())
+    assert res["task"] == "passkey" and res["haystack"] == "code" and len(res["cells"]) == 2
+    with pytest.raises(SystemExit):
+        main(["op", "--workloads", "real", "--layers", "first", "--lengths", "256"])
+    assert "--layers 'first'" in capsys.readouterr().err

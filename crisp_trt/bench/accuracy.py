@@ -163,8 +163,8 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
     SmolLM2, or model_path) runs in bf16 on CUDA (the kernels' dtype), fp32 on the CPU.
     task: one of TASKS; haystack: a texts corpus name (None: the licence texts); configs: extra named CRISP
     configs usable as methods; rope: n → rope scaling dict or None, applied before each length (None: the
-    model's own); perplexity_text: a texts corpus for perplexity (None: the licence tail)."""
-    from ..models import load_model, set_rope_scaling
+    model's own; "auto": models.rope_for, YaRN past the native context); perplexity_text: a texts corpus for perplexity (None: the licence tail)."""
+    from ..models import load_model, rope_for, set_rope_scaling
     from ..workloads.texts import corpus
 
     check_arguments(lengths, depths, trials, methods, task=task, configs=configs)
@@ -174,6 +174,8 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
         model, tok = load_model(model_path, attn_implementation="sdpa", device=device,
                                 dtype=torch.bfloat16 if cuda else torch.float32)
     dev = next(model.parameters()).device
+    if rope == "auto":
+        rope = rope_for(model)
     filler_ids, pool = _haystack(tok, task, haystack)
     frame = chat_frame(tok) if task != "words" else ([], [])
     salt = TASKS.index(task) * 7919

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..workloads.texts import CORPORA
 from .accuracy import KNOWN as ACCURACY_METHODS
+from .accuracy import TASKS
 
 
 def _lens(s: str):
@@ -32,6 +34,13 @@ def _bar(total, desc):
     return tqdm(total=total, desc=desc, file=sys.stderr)
 
 
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected a comma list of layer indices or 'all'") from None
+
+
 def cmd_op(args):
     import torch
 
@@ -48,11 +57,14 @@ def cmd_op(args):
 
         with open(args.spec) as f:
             spec = SyntheticSpec(**json.load(f))
-    per_workload = sum(3 if w == "real" else 1 for w in workloads)  # real: 3 captured layers
-    with _bar(len(lengths) * len(shapes) * len(methods) * per_workload, "op") as bar:
+    layers = None if args.layers == "all" else _ints(args.layers, "--layers")
+    synthetic = sum(w != "real" for w in workloads) * len(shapes) * len(methods)
+    real = ("real" in workloads) * len([m for m in methods if m not in op.DENSE]) * len(layers or ())
+    with _bar(None if layers is None and "real" in workloads else len(lengths) * (synthetic + real), "op") as bar:
         rows = op.run_op(lengths=lengths, shapes=shapes, methods=methods, workloads=workloads, repeats=args.repeats,
                          device=device, base=_config(args), spec=spec, progress=bar, recall_max_n=args.recall_max_n,
-                         model_path=args.model, on_rows=lambda done: op.write_results(done, args.out, plots=False))
+                         model_path=args.model, on_rows=lambda done: op.write_results(done, args.out, plots=False),
+                         real_source=args.source, real_layers=layers)
     path = op.write_results(rows, args.out, plots=not args.no_plots)
     for r in rows:
         print(f"{r['workload']:>22} n={r['n']:>8} {r['method']:>12} {r['ms']:10.3f} ms  x{r['speedup_vs_cudnn'] or 0:6.2f}"
@@ -97,12 +109,13 @@ def cmd_accuracy(args):
         raise ValueError("--no-retrieval with --no-perplexity leaves nothing to measure; drop one of them")
     if args.no_retrieval:
         depths = ()
-    accuracy.check_arguments(lengths, depths, args.trials, methods, flag="--")
+    accuracy.check_arguments(lengths, depths, args.trials, methods, flag="--", task=args.task)
     total = len(lengths) * len(depths) * args.trials * len(set(methods) | {"dense"})
     with _bar(total, "accuracy") as bar:
         res = accuracy.run_accuracy(lengths=lengths, depths=depths, trials=args.trials, methods=methods,
                                     base=_config(args), device=args.device, progress=bar,
-                                    perplexity=not args.no_perplexity, model_path=args.model)
+                                    perplexity=not args.no_perplexity, model_path=args.model, task=args.task,
+                                    haystack=args.haystack, perplexity_text=args.perplexity_text, rope="auto")
     path = accuracy.write_results(res, args.out, plots=not args.no_plots)
     for c in res["cells"]:
         print(f"{c['method']:>12} n={c['n']:>6} depth={c['depth']:.2f} acc={c['accuracy']:.3f} "
@@ -142,10 +155,15 @@ def main(argv=None):
     o.add_argument("--methods", default="dense_cudnn,dense_fa2,crisp,flexprefill,crisp_gamma,crisp_jsd")
     o.add_argument("--workloads", default="synthetic",
                    help="synthetic (one spec fitted to SmolLM2's mean layer), synthetic_classes (a spec per class of "
-                        "SmolLM2 layers, one per kv head), synthetic_plain (hand-set spec), real (SmolLM2 Q/K/V, ≤ 8k)")
+                        "SmolLM2 layers, one per kv head), synthetic_plain (hand-set spec), real (a real model's Q/K/V: --model, --source, --layers; YaRN past its native context)")
     o.add_argument("--spec", help="JSON SyntheticSpec (e.g. from crisp_trt.workloads.fit)")
     o.add_argument("--repeats", type=int, default=5)
     o.add_argument("--recall-max-n", type=int, default=16384, help="longest n whose recall is measured")
+    o.add_argument("--source", default="licenses", choices=("licenses", *CORPORA),
+                   help="real workload: the text (licenses: Debian's licence texts; the others: "
+                        "crisp_trt.workloads.texts corpora, 16k–128k tokens; default: %(default)s)")
+    o.add_argument("--layers", default="0,15,29",
+                   help="real workload: comma list of layers, or 'all' (each plus their sum; default: %(default)s)")
     o.set_defaults(fn=cmd_op)
     f = sub.add_parser("frontier", help="speedup-vs-error curves: CRISP and FlexPrefill-mode budget sweeps vs cuDNN",
                        description="Sweeps each method's budget knobs on one synthetic input per length and times every "
@@ -174,11 +192,18 @@ def main(argv=None):
     a.add_argument("--methods", default="dense,crisp,flexprefill",
                    help=f"comma list of {', '.join(ACCURACY_METHODS)} (dense_eager: the dense-vs-dense control; "
                         "default: %(default)s)")
+    a.add_argument("--task", default="words", choices=TASKS,
+                   help="words: planted-word induction (SmolLM2); passkey / multikey: needle retrieval, chat-framed "
+                        "(default: %(default)s)")
+    a.add_argument("--haystack", default=None, choices=CORPORA,
+                   help="text around the needles: a crisp_trt.workloads.texts corpus (default: the licence texts)")
+    a.add_argument("--perplexity-text", default=None, choices=CORPORA,
+                   help="perplexity text: a texts corpus (default: the licence texts' held-out tail)")
     a.add_argument("--no-perplexity", action="store_true", help="skip the held-out perplexity")
     a.add_argument("--no-retrieval", action="store_true", help="perplexity only: skip the retrieval cells")
     a.set_defaults(fn=cmd_accuracy)
     for s in (o, a):
-        s.add_argument("--model", default=None, help="real model: GGUF file or HF directory (default: bundled SmolLM2)")
+        s.add_argument("--model", default=None, help="real model: GGUF file, HF directory or a bundled name: smollm2, qwen (default: smollm2)")
     for s, name in ((o, "op"), (a, "accuracy"), (f, "frontier")):
         s.add_argument("--device", default=None, help="torch device, e.g. cuda or cpu (default: cuda when present)")
         s.add_argument("--config", help="JSON CrispConfig (CrispConfig.to_dict()) as the base config")
