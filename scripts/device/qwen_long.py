@@ -9,7 +9,8 @@ Steps (each writes $OUT/<step>.json and prints a short table last):
   tune   candidate defaults on the calibration corpora: whole-model TTFT, perplexity, KL to dense; the pick
          (crisp_trt.bench.defaults.pick) is kept in /tmp/crisp_pick.json for the steps after it
   e2e    whole-model TTFT dense vs CRISP (and the pick, FlexPrefill-mode) on the code corpus
-  acc    passkey and multikey retrieval (paired, 4 depths) + perplexity at the first length (docs corpus)
+  acc    passkey and multikey retrieval (paired, 4 depths) + perplexity at --ppl-length (docs corpus)
+  plot   qwen_speed.png from op.json and e2e.json in $OUT (no GPU, no model: runs anywhere)
 Needs CRISP_TRT_TEXTS (crisp_trt.workloads.texts.export) and gguf importable (for prep).
 """
 from __future__ import annotations
@@ -166,9 +167,37 @@ def step_acc(args):
         print(f"perplexity n={p['n']} {p['method']}: {p['perplexity']:.4f}")
 
 
+def step_plot(args):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    op = json.loads((out_dir() / "op.json").read_text())["rows"]
+    e2e = json.loads((out_dir() / "e2e.json").read_text())["rows"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for wl in sorted({r["workload"] for r in op if r["workload"].endswith("_all")}):
+        for m in ("crisp", "flexprefill"):
+            pts = sorted((r["n"], r["speedup_vs_cudnn"]) for r in op if r["workload"] == wl and r["method"] == m)
+            ax1.plot(*zip(*pts), marker="o", label=f"{m}, {wl.split('_')[1]} text")
+    for m in ("crisp", "flexprefill"):
+        ax2.plot([r["length"] for r in e2e], [r[f"speedup_{m}"] for r in e2e], marker="o", label=m)
+    for ax, title in ((ax1, "attention, 24 layers summed (× cuDNN)"), (ax2, "whole-model TTFT (× dense)")):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt tokens")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Qwen2.5-Coder-0.5B, default CrispConfig, {op[0]['gpu']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out_dir() / "qwen_speed.png", dpi=120)
+    print(out_dir() / "qwen_speed.png")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("steps", nargs="+", choices=("prep", "op", "tune", "e2e", "acc"))
+    p.add_argument("steps", nargs="+", choices=("prep", "op", "tune", "e2e", "acc", "plot"))
     lengths = lambda s: [parse_length(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--lengths", type=lengths, default=lengths("16k,32k,64k,128k"))
     p.add_argument("--docs-lengths", type=lengths, default=lengths("32k,128k"), help="op: lengths on the docs corpus")
