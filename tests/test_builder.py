@@ -311,3 +311,17 @@ def test_artifact_exports_its_calibrated_layers(artifact, tmp_path):
     for node, layer in zip(nodes, layers):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["kappa"] == pytest.approx(layer["kappa"]) and attrs["tau"] == pytest.approx(layer["tau"])
+
+
+def test_bundled_model_names(monkeypatch):
+    """--model smollm2 / qwen name the bundled models; a missing one says what to install, naming --model."""
+    from crisp_trt import models
+
+    assert cli.default_model("smollm2") == cli.default_model(None)
+    assert cli.default_model("/some/dir") == "/some/dir"
+
+    def missing():
+        raise FileNotFoundError(models.QWEN_HINT)
+    monkeypatch.setitem(models.BUNDLED, "qwen", missing)
+    with pytest.raises(cli.BuildError, match=r"--model qwen: the bundled model is not installed.*\.\[qwen\]"):
+        cli.default_model("qwen")
