@@ -32,12 +32,9 @@ def load_checkpoint(model: str | Path, dtype: str = "auto"):
 
 def save_weights(mdl, out: Path) -> None:
     """safetensors in the model's dtype (GGUF-loaded models are dequantised: saved as plain weights)."""
-    if getattr(mdl, "hf_quantizer", None) is not None or getattr(mdl.config, "quantization_config", None):
-        mdl.hf_quantizer = None
-        mdl.is_quantized = False
-        if hasattr(mdl.config, "quantization_config"):
-            del mdl.config.quantization_config
-    mdl.save_pretrained(out, safe_serialization=True)
+    from crisp_trt.models import as_plain_weights
+
+    as_plain_weights(mdl).save_pretrained(out, safe_serialization=True)
 
 
 def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: int = 512, recall: float = 0.98,

@@ -196,6 +196,17 @@ def set_attn_implementation(model, name: str) -> None:
         model.config._attn_implementation = name
 
 
+def as_plain_weights(model):
+    """The model with its GGUF quantizer record dropped, so save_pretrained writes its (already dequantised)
+    weights as plain safetensors instead of refusing a "quantized" model; returns the model."""
+    if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    return model
+
+
 def set_rope_scaling(model, scaling: dict | None) -> None:
     """Switch a loaded model's RoPE between its native frequencies (None) and a scaling such as YARN_4,
     without reloading: the config's rope parameters change and the rotary embedding is rebuilt from them

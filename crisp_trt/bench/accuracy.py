@@ -116,7 +116,9 @@ def make_trial(tok, n: int, depth: float, seed: int, filler_ids: torch.Tensor, p
     return torch.tensor([ids]), len(answer)
 
 
-def _apply(model, method: str, base: CrispConfig, configs: dict | None = None):
+def use_method(model, method: str, base: CrispConfig, configs: dict | None = None):
+    """Switch a loaded model to a method: dense (SDPA), dense_eager, a config.METHODS name built on `base`, or
+    a name in `configs` (an explicit CrispConfig). The benches' one way to change attention between runs."""
     from ..hf import set_crisp_config
     from ..models import set_attn_implementation
 
@@ -192,7 +194,7 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
                 ids = ids.to(dev)
                 dense_logp, dense_ok = None, None
                 for m in ("dense",) + tuple(x for x in methods if x != "dense"):
-                    _apply(model, m, base, configs)
+                    use_method(model, m, base, configs)
                     keep = max(kl_positions, na + 1)  # logits of the last positions only
                     with torch.no_grad():
                         logp = torch.log_softmax(model(ids, logits_to_keep=keep, use_cache=False).logits[0].float(), -1)
@@ -223,9 +225,9 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
                 set_rope_scaling(model, rope(n))
             ids = held.repeat(-(-n // held.numel()))[:n][None].to(dev)
             for m in methods:
-                _apply(model, m, base, configs)
+                use_method(model, m, base, configs)
                 ppl.append(dict(method=m, n=n, perplexity=math.exp(nll(model, ids))))
-    _apply(model, "dense", base)
+    use_method(model, "dense", base)
     configs_used = {m: c.to_dict() for m, c in (configs or {}).items() if m in methods}
     return {"task": "induction_retrieval" if task == "words" else task, "haystack": haystack or "licenses",
             "config": base.to_dict(), "configs": configs_used, "cells": cells, "perplexity": ppl}

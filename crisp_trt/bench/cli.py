@@ -59,7 +59,7 @@ def cmd_op(args):
             spec = SyntheticSpec(**json.load(f))
     layers = None if args.layers == "all" else _ints(args.layers, "--layers")
     synthetic = sum(w != "real" for w in workloads) * len(shapes) * len(methods)
-    real = ("real" in workloads) * len([m for m in methods if m not in op.DENSE]) * len(layers or ())
+    real = ("real" in workloads) * len(methods) * len(layers or ())
     with _bar(None if layers is None and "real" in workloads else len(lengths) * (synthetic + real), "op") as bar:
         rows = op.run_op(lengths=lengths, shapes=shapes, methods=methods, workloads=workloads, repeats=args.repeats,
                          device=device, base=_config(args), spec=spec, progress=bar, recall_max_n=args.recall_max_n,

@@ -40,7 +40,7 @@ def sweep(model, tok, candidates: dict, lengths, sources=CALIBRATION, rope=None,
     only), ppl, dppl (relative to dense), kl. candidates: {name: CrispConfig}; "dense" is added."""
     from ..models import set_rope_scaling
     from ..workloads.real import text_ids
-    from .accuracy import _apply
+    from .accuracy import use_method
     from .e2e import prefill_ms
 
     base = CrispConfig()
@@ -52,7 +52,7 @@ def sweep(model, tok, candidates: dict, lengths, sources=CALIBRATION, rope=None,
             ids = text_ids(tok, n, source=source).to(model.device)
             dense_logp, dense_ms, dense_nll = None, None, None
             for name in ("dense", *candidates):
-                _apply(model, name, base, candidates)
+                use_method(model, name, base, candidates)
                 ms = prefill_ms(model, ids, repeats) if i == 0 else None
                 nll, logp, kl = _scores(model, ids, kl_positions, dense_logp)
                 if name == "dense":
@@ -63,7 +63,7 @@ def sweep(model, tok, candidates: dict, lengths, sources=CALIBRATION, rope=None,
                                  config=None if name == "dense" else candidates[name].to_dict()))
                 if progress is not None:
                     progress.update(1)
-            _apply(model, "dense", base)
+            use_method(model, "dense", base)
     return rows
 
 

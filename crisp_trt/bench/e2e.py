@@ -91,7 +91,7 @@ def run_ttft(model, tok, lengths, methods=("dense", "crisp"), configs: dict | No
     ttft_<method>_ms and speedup_<method> (dense's over the method's)."""
     from ..models import set_rope_scaling
     from ..workloads.real import text_ids
-    from .accuracy import _apply
+    from .accuracy import use_method
 
     base = base or CrispConfig()
     rows = []
@@ -101,11 +101,11 @@ def run_ttft(model, tok, lengths, methods=("dense", "crisp"), configs: dict | No
         ids = text_ids(tok, n, source=source).to(model.device)
         row = {"length": n, "source": source}
         for m in methods:
-            _apply(model, m, base, configs)
+            use_method(model, m, base, configs)
             row[f"ttft_{m}_ms"] = prefill_ms(model, ids, repeats)
         for m in methods:
             row[f"speedup_{m}"] = row["ttft_dense_ms"] / row[f"ttft_{m}_ms"] if "dense" in methods else None
-        _apply(model, "dense", base)
+        use_method(model, "dense", base)
         rows.append(row)
     return rows
 

@@ -153,10 +153,12 @@ def _real_rows(model_path, lengths, methods, layers, source, repeats, device, dt
                           repeats=repeats, base=base, model_name=name, layers=layers, progress=progress)
 
 
-def _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gpu, dense_ms, progress):
+def _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gpu, dense_ms, progress,
+             configs: dict | None = None, oracle_rows: int = 0):
+    """Rows of `methods` and of the extra named CRISP `configs` on one input, against one dense reference."""
     ref = dense_prefill_attention(q, k, v).float()
     group = []
-    for method in methods:
+    for method in (*methods, *(configs or {})):
         try:
             if method in DENSE:
                 if method not in dense_ms:
@@ -166,9 +168,10 @@ def _measure(q, k, v, n, wname, methods, repeats, device, base, recall_max_n, gp
                 group.append(dict(n=n, method=method, workload=wname, ms=dense_ms[method], density=1.0,
                                   routing_ms=0.0, routing_share=0.0, rel_error=0.0, recall=1.0, gpu=gpu))
             else:
+                cfg = (configs or {}).get(method) or method_config(method, base)
                 group.append(dict(n=n, method=method, workload=wname, gpu=gpu,
-                                  **sparse_numbers(q, k, v, method_config(method, base), ref, repeats, device,
-                                                   recall_max_n)))
+                                  **sparse_numbers(q, k, v, cfg, ref, repeats, device, recall_max_n,
+                                                   oracle_rows=oracle_rows)))
         except Exception as exc:  # one broken method must not cost the other rows
             print(f"crisp-bench op: {wname} n={n} {method} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         if progress is not None:
@@ -221,7 +224,6 @@ def run_real_model(model, tok, lengths, sources=("code",), methods=("dense_cudnn
     from ..workloads.real import capture, text_ids
 
     base = base or CrispConfig()
-    configs = dict(configs or {})
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype if device.type == "cuda" else torch.float32
     gpu, rows = gpu_name(device), []
@@ -235,24 +237,10 @@ def run_real_model(model, tok, lengths, sources=("code",), methods=("dense_cudnn
             for layer in sorted(grabbed):
                 q, k, v = grabbed.pop(layer)
                 wname = f"{model_name}_{source}_L{layer}"
-                group = _measure(q, k, v, n, wname, [m for m in methods if m in DENSE], repeats, device, base,
-                                 0, gpu, dense_ms, None)
-                ref = dense_prefill_attention(q, k, v).float()
-                for name, cfg in [(m, method_config(m, base)) for m in methods if m not in DENSE] + list(configs.items()):
-                    try:
-                        group.append(dict(n=n, method=name, workload=wname, gpu=gpu, layer=layer,
-                                          **sparse_numbers(q, k, v, cfg, ref, repeats, device, 1 << 30,
-                                                           oracle_rows=oracle_rows)))
-                    except Exception as exc:  # one broken config must not cost the other rows
-                        print(f"crisp-bench op: {wname} n={n} {name} FAILED: {type(exc).__name__}: {exc}",
-                              file=sys.stderr)
-                    if progress is not None:
-                        progress.update(1)
-                for row in group:
-                    row.setdefault("layer", layer)
-                    row["speedup_vs_cudnn"] = dense_ms["dense_cudnn"] / row["ms"] if "dense_cudnn" in dense_ms else None
-                layer_rows += group
-                del q, k, v, ref
+                group = _measure(q, k, v, n, wname, methods, repeats, device, base, 1 << 30, gpu, dense_ms, progress,
+                                 configs, oracle_rows)
+                layer_rows += [{**row, "layer": layer} for row in group]
+                del q, k, v
             rows += layer_rows + model_sums(layer_rows, f"{model_name}_{source}_all")
             if on_rows is not None:
                 on_rows(rows)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from crisp_trt.config import CrispConfig  # noqa: E402
 from crisp_trt.lengths import parse_length  # noqa: E402
-from crisp_trt.models import load_model, rope_for  # noqa: E402
+from crisp_trt.models import as_plain_weights, load_model, rope_for  # noqa: E402
 
 HF_DIR = Path("/tmp/qwen_hf")
 PICK = Path("/tmp/crisp_pick.json")
@@ -80,11 +80,7 @@ def step_prep(args):
         raise SystemExit("prep: no staged GGUF in /tmp/crisp_stage/qwen (scripts/device/unstage.sh qwen)")
     t = time.time()
     mdl, tok = load_model(gguf, attn_implementation="sdpa", dtype=torch.bfloat16, logits32=False)
-    mdl.hf_quantizer = None
-    mdl.is_quantized = False
-    if hasattr(mdl.config, "quantization_config"):
-        del mdl.config.quantization_config
-    mdl.save_pretrained(HF_DIR)
+    as_plain_weights(mdl).save_pretrained(HF_DIR)
     tok.save_pretrained(HF_DIR)
     print(f"prep: {gguf.name} → {HF_DIR} in {time.time() - t:.0f} s")
     save("prep", {"gguf": gguf.name, "seconds": time.time() - t, "gpu": torch.cuda.get_device_name()})
