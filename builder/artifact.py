@@ -4,7 +4,7 @@ DIR/config.json is the model's HF config plus a "crisp" section:
   {"format", "backend", "max_seq", "dtype", "source", "config": CrispConfig.to_dict(),
    "layers": [{"kappa", "tau"} per layer], "calibration": {...}}
 "format" is crisp_trt.runtime.FORMAT, the one version the runtime reads (it refuses others, saying to rebuild).
-DIR/*.safetensors (model dtype), tokenizer files; tensorrt backend adds DIR/trtllm_ckpt/ and DIR/engines/.
+DIR/*.safetensors (model dtype), tokenizer files; crisp-build --backend tensorrt then adds DIR/onnx/ and DIR/engines/ (engine.build_engine).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def save_weights(mdl, out: Path) -> None:
 
 
 def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: int = 512, recall: float = 0.98,
-          block_size: int | None = None, tp: int = 1, rope_scaling: dict | None = None, backend: str = "torch",
+          block_size: int | None = None, tp: int = 1, rope_scaling: dict | None = None,
           seed: int = 0, progress: bool = True, base: CrispConfig | None = None) -> Path:
     from tqdm import tqdm
 
@@ -46,7 +46,7 @@ def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: in
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    steps = tqdm(total=4, desc="crisp-build", disable=not progress, unit="step")
+    steps = tqdm(total=3, desc="crisp-build", disable=not progress, unit="step")
     t0 = time.time()
     steps.set_postfix_str("loading checkpoint")
     mdl, tok = load_checkpoint(model, dtype)
@@ -76,19 +76,11 @@ def build(model, output, max_seq: int, dtype: str = "auto", calibrate_tokens: in
     cfg = json.loads((out / "config.json").read_text())
     cfg["max_position_embeddings"] = max(int(cfg.get("max_position_embeddings") or 0), 0) or max_seq
     cfg["crisp"] = {
-        "format": FORMAT, "backend": backend, "max_seq": max_seq, "dtype": dtype,
+        "format": FORMAT, "backend": "torch", "max_seq": max_seq, "dtype": dtype,
         "weights_dtype": str(next(mdl.parameters()).dtype).replace("torch.", ""),
         "source": str(model), "tp": tp, "config": base.to_dict(), "layers": layers, "calibration": record,
     }
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    steps.update()
-    if backend == "tensorrt":
-        from .engine import build_engines
-        from .trtllm_checkpoint import convert
-
-        steps.set_postfix_str("TensorRT-LLM checkpoint + engines")
-        convert(out, out / "trtllm_ckpt", tp=tp, dtype=None if dtype == "auto" else dtype)
-        build_engines(out / "trtllm_ckpt", out / "engines", max_seq)
     steps.update()
     steps.close()
     print(f"crisp-build: {layers_n} layers, calibration "

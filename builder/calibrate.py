@@ -15,7 +15,6 @@ fixed row sample, no randomness beyond the seeded text generator.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 
 import torch
@@ -135,8 +134,7 @@ def calibrate(model, tokenizer, tokens: int = 512, base: CrispConfig | None = No
     torch.manual_seed(seed)
     text = calibration_text(tokens, seed)
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
-    device = next(model.parameters()).device
-    captured = capture(model, ids.to(device))
+    captured = capture(model, ids)
     layers = []
     for idx in tqdm(sorted(captured), desc="calibrating layers", disable=not progress):
         q, k, _ = captured[idx]

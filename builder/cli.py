@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> Path:
     # the artifact is a torch artifact either way; the engine is built from it
     out = artifact.build(model=model, output=args.output, max_seq=max_seq, dtype=args.dtype,
                          calibrate_tokens=args.calibrate, recall=args.recall, block_size=args.block_size,
-                         tp=args.tp, rope_scaling=rope, backend="torch", seed=args.seed,
+                         tp=args.tp, rope_scaling=rope, seed=args.seed,
                          progress=not args.no_progress)
     if backend == "tensorrt":
         from .engine import build_engine

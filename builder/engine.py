@@ -23,7 +23,6 @@ from .checkpoint import BuildError
 
 PLAN = "crisp.plan"
 ONNX = "onnx/model.onnx"
-ENGINE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 def builder_module() -> str | None:
@@ -134,29 +133,21 @@ def build_plan(onnx_path: str | Path, plan_path: str | Path, max_tokens: int, ma
             "profile": {"input_ids": [1, opt, max_tokens], "cu_seqlens": [2, 2, max_batch + 1]}}
 
 
-def engine_dtype(dtype: str) -> str:
-    """The graph dtype of an engine: the artifact's fp16 / bf16, else bf16 (the plugin takes half types)."""
-    return ENGINE_DTYPES.get(dtype, "bfloat16")
-
-
 def export_artifact(artifact: str | Path, onnx_path: str | Path | None = None, dtype: str = "bf16") -> Path:
     """The artifact's CRISP prefill graph (its per-layer calibrated configs) in `dtype` (fp32 | fp16 | bf16)."""
-    import torch
-
+    from crisp_trt import runtime
     from crisp_trt.config import CrispConfig
-    from crisp_trt.models import load_model
 
+    from .artifact import load_checkpoint
     from .onnx_export import export
 
     artifact = Path(artifact)
-    cfg = json.loads((artifact / "config.json").read_text())
-    crisp = cfg.get("crisp")
-    if not isinstance(crisp, dict) or "config" not in crisp:
-        raise BuildError(f"{artifact}: config.json has no crisp section (expected a crisp-build artifact)")
-    base = CrispConfig.from_dict(crisp["config"])
-    configs = [base.replace(**layer) for layer in crisp.get("layers") or []] or base
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    model, _ = load_model(artifact, "sdpa", dtype=torch_dtype, logits32=False)
+    try:
+        crisp = runtime.read_crisp(artifact)
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
+    configs = runtime.layer_configs(crisp) or CrispConfig.from_dict(crisp["config"])
+    model, _ = load_checkpoint(artifact, dtype)
     return export(model, onnx_path or artifact / ONNX, configs)
 
 
@@ -166,7 +157,7 @@ def build_engine(artifact: str | Path, max_seq: int, dtype: str = "auto", max_ba
     record the engine in config.json's crisp section ("backend": "tensorrt", "engine": build_plan's record)."""
     require_builder(library)  # fail before the export when the toolchain is missing
     artifact = Path(artifact)
-    graph_dtype = {"float16": "fp16", "bfloat16": "bf16"}[engine_dtype(dtype)]
+    graph_dtype = dtype if dtype in ("fp16", "bf16") else "bf16"  # the plugin takes half types
     onnx_path = export_artifact(artifact, artifact / ONNX, graph_dtype)
     record = build_plan(onnx_path, artifact / "engines" / PLAN, max_tokens=max_seq, max_batch=max_batch,
                         library=library)

@@ -181,8 +181,8 @@ class _Graph:
         self._data.write(raw.data)
         proto = self.onnx.TensorProto(name=name, data_type=self.types[data.dtype], dims=list(data.shape))
         proto.data_location = self.onnx.TensorProto.EXTERNAL
-        for key, value in (("location", self._data_path.name), ("offset", self._offset), ("length", raw.nbytes)):
-            proto.external_data.add(key=key, value=str(value))
+        for field, value in (("location", self._data_path.name), ("offset", self._offset), ("length", raw.nbytes)):
+            proto.external_data.add(key=field, value=str(value))
         self._offset += raw.nbytes
         self.initializers.append(proto)
         self._weights[key] = name

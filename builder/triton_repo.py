@@ -132,11 +132,3 @@ def write_tensorrtllm_repo(artifact_dir, repo_dir) -> Path:
     (repo / "ensemble" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "ensemble" / "config.pbtxt").write_text(ens)
     return repo
-
-
-def write_repo(artifact_dir, repo_dir) -> Path:
-    art = Path(artifact_dir)
-    if any((art / "engines").glob("rank*.engine")):  # TensorRT-LLM engines (engines/crisp.plan is the ONNX route's)
-        return write_tensorrtllm_repo(art, repo_dir)
-    write_python_model(art, repo_dir)
-    return Path(repo_dir)

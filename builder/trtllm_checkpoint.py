@@ -27,7 +27,8 @@ import torch
 
 from crisp_trt import tp as tensor_parallel
 
-LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM")
+from .checkpoint import SUPPORTED_ARCHITECTURES
+
 QWEN2 = "Qwen2ForCausalLM"
 # HF module (under layers.{i}.) → TensorRT-LLM module (under transformer.layers.{i}.), q/k/v aside
 _LAYER_NAMES = {"self_attn.o_proj": "attention.dense", "input_layernorm": "input_layernorm",
@@ -90,38 +91,41 @@ def convert(src, dst, tp: int = 1, dtype: str | None = None) -> Path:
     src, dst = Path(src), Path(dst)
     hf = json.loads((src / "config.json").read_text())
     arch = (hf.get("architectures") or ["?"])[0]
-    if arch not in LLAMA_FAMILY + (QWEN2,):
-        raise ValueError(f"architecture {arch}: expected one of {', '.join(LLAMA_FAMILY + (QWEN2,))} "
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"architecture {arch}: expected one of {', '.join(sorted(SUPPORTED_ARCHITECTURES))} "
                          "(TensorRT-LLM conversion supports the Llama family and Qwen2)")
     _, kv, _ = shape = tensor_parallel.model_shape(hf)
     tensor_parallel.check(tp, *shape, arg="tp")
     state = _load_hf(src)
     tdtype = _DT[dtype] if dtype else next(iter(state.values())).dtype
     tdtype = tdtype if tdtype in _DT_NAME else torch.float32
+    state = {name: t.to(tdtype) for name, t in state.items()}  # once, not once per rank
+    for i in range(hf["num_hidden_layers"]):
+        for kind in ("weight", "bias"):
+            present = [f"layers.{i}.self_attn.{x}_proj.{kind}" in state for x in "qkv"]
+            if any(present) and not all(present):
+                raise ValueError(f"layer {i}: q/k/v {kind}es must all be present or all absent, found {present}")
     has = lambda module: any(k.endswith(f".{module}.bias") for k in state)  # noqa: E731
     cfg = trtllm_config(hf, tp, _DT_NAME[tdtype], attn_bias=has("self_attn.q_proj"), mlp_bias=has("mlp.gate_proj"))
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
-    embed = state["embed_tokens.weight"].to(tdtype)
-    lm_head = state.get("lm_head.weight", embed).to(tdtype).clone()  # tied: its own storage
+    embed = state["embed_tokens.weight"]
+    lm_head = state.get("lm_head.weight", embed).clone()  # tied: its own storage
     vocab = lm_head.shape[0]
     padded = -(-vocab // tp) * tp
     if padded != vocab:
         lm_head = torch.cat([lm_head, lm_head.new_zeros(padded - vocab, lm_head.shape[1])])
     for rank in range(tp):
-        part = lambda name: tensor_parallel.shard(name, state[name].to(tdtype), tp, rank, kv).contiguous()  # noqa: E731
+        part = lambda name: tensor_parallel.shard(name, state[name], tp, rank, kv).contiguous()  # noqa: E731
         w = {"transformer.vocab_embedding.weight": embed.contiguous(),
-             "transformer.ln_f.weight": state["norm.weight"].to(tdtype).contiguous(),
+             "transformer.ln_f.weight": state["norm.weight"].contiguous(),
              "lm_head.weight": tensor_parallel.split(lm_head, tp, rank, 0)}
         for i in range(hf["num_hidden_layers"]):
             p, t = f"layers.{i}.", f"transformer.layers.{i}."
             for kind in ("weight", "bias"):
                 qkv = [f"{p}self_attn.{x}_proj.{kind}" for x in "qkv"]
-                present = [name in state for name in qkv]
-                if any(present) and not all(present):
-                    raise ValueError(f"layer {i}: q/k/v {kind}es must all be present or all absent, found {present}")
-                if all(present):
-                    w[f"{t}attention.qkv.{kind}"] = torch.cat([part(name) for name in qkv]).contiguous()
+                if qkv[0] in state:
+                    w[f"{t}attention.qkv.{kind}"] = torch.cat([part(name) for name in qkv])
                 for hf_name, trt_name in _LAYER_NAMES.items():
                     if f"{p}{hf_name}.{kind}" in state:
                         w[f"{t}{trt_name}.{kind}"] = part(f"{p}{hf_name}.{kind}")
