@@ -89,9 +89,8 @@ def case(heads: int, kv: int, d: int, dtype: str, max_tokens: int, max_batch: in
     rec.update(route=route, plugin_layers=len(layers), layer_type=str(layers[0].type) if layers else None,
                out_shape=list(out.shape), out_dtype=str(out.dtype), plan_bytes=len(plan) if plan is not None else 0)
     rec["shape_ok"] = list(out.shape) == [-1, heads, d]
-    rec["dtype_ok"] = str(out.dtype).endswith(("HALF", "BF16")) and (
-        ("HALF" in str(out.dtype)) == (dtype == "float16"))
-    ws = launch.Workspace.of(launch.buffers(max_batch, heads, kv, d, cfg, launch.Sizes.of(max_tokens, cfg))).size
+    rec["dtype_ok"] = out.dtype == getattr(trt, dtype)
+    ws = launch.workspace(max_batch, heads, kv, d, cfg, max_tokens)[1].size
     rec["plugin_workspace"] = ws
     if plan is not None:
         rec["build_at_workspace"] = build(ws)[2] is not None
