@@ -170,7 +170,7 @@ def _require_artifact(artifact_dir) -> Path:
 def check_tp(artifact_dir, tp) -> None:
     """ValueError naming --tp unless the artifact's model splits tp ways (crisp_trt.tp's rule)."""
     cfg = json.loads((Path(artifact_dir) / "config.json").read_text())
-    tensor_parallel.check(tp, *tensor_parallel.model_shape(cfg.get("text_config") or cfg))
+    tensor_parallel.check(tp, *tensor_parallel.model_shape(cfg))
 
 
 def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtype=None, tp: int = 1,

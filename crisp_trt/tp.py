@@ -47,7 +47,8 @@ def check(tp, heads: int, kv_heads: int, intermediate: int | None = None, arg: s
 
 
 def model_shape(cfg: dict) -> tuple[int, int, int | None]:
-    """(heads, kv heads, intermediate size) from an HF config dict."""
+    """(heads, kv heads, intermediate size) from an HF config dict (a multimodal wrapper's text_config)."""
+    cfg = cfg.get("text_config") or cfg
     heads = cfg["num_attention_heads"]
     return heads, cfg.get("num_key_value_heads") or heads, cfg.get("intermediate_size")
 
@@ -107,16 +108,12 @@ class RowParallelLinear(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _text_config(config):
-    return getattr(config, "text_config", None) or config
-
-
 @torch.no_grad()
 def shard_model(model, tp: int, rank: int, group=None):
     """Shard an HF Llama-family model in place for rank `rank` of `tp` (torch.distributed initialised when
     tp > 1): the rule's projections become this rank's slices (row-parallel ones RowParallelLinear), each
     attention module's GQA group size follows its local heads. Returns the model."""
-    heads, kv, inter = model_shape(_text_config(model.config).to_dict())
+    heads, kv, inter = model_shape(model.config.to_dict())
     check(tp, heads, kv, inter, arg="tp")
     if tp == 1:
         return model

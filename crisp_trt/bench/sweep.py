@@ -65,6 +65,10 @@ class DensityMeter:
 
         hf.crisp_prefill_attention = recording
 
+    def close(self) -> None:
+        """Put hf's op back (a second sweep in the process would otherwise wrap this wrapper)."""
+        self.hf.crisp_prefill_attention = self.op
+
     def take(self) -> float | None:
         vals, self.values = self.values, []
         return float(torch.stack(vals).mean()) if vals else None
@@ -81,38 +85,41 @@ def run_sweep(artifact: str, lengths, trials: int = 10, new_tokens: int = 6, var
     cm = runtime.load(artifact, device=device, dtype=torch.bfloat16 if device == "cuda" else None)
     tok, hf_model = cm.tokenizer, cm.model
     meter = DensityMeter()
-    names = list(variants or ["eager", *VARIANTS])
-    rows, t0 = [], time.time()
-    for n in lengths:
-        prompts = [retrieval_prompt_ids(tok, n, t, depth=(t + 0.5) / trials) for t in range(trials)]
-        prompts = [(ids.to(device), exp) for ids, exp in prompts]
-        set_attn_implementation(hf_model, "sdpa")
-        eos = tok.eos_token_id
-        dense = [greedy(hf_model, ids, new_tokens, eos) for ids, _ in prompts]
-        dense_hits = sum(all(w in tok.decode(d[0]) for w in exp[:2]) for d, (_, exp) in zip(dense, prompts))
-        for name in names:
-            if name == "eager":
-                set_attn_implementation(hf_model, "eager")
-            else:
-                set_crisp_config(hf_model, variant_configs(name, cm.layer_configs))
-                set_attn_implementation(hf_model, "crisp")
-            same, hits, kls, margins = 0, 0, [], []
-            for (ids, exp), (dtoks, dlog) in zip(prompts, dense):
-                toks, logit = greedy(hf_model, ids, new_tokens, eos)
-                text = tok.decode(toks)
-                same += toks == dtoks
-                hits += all(w in text for w in exp[:2])
-                pd, pv = torch.log_softmax(dlog[0], -1), torch.log_softmax(logit[0], -1)
-                kls.append(float((pd.exp() * (pd - pv)).sum()))
-                div = divergence((dtoks, dlog), toks)
-                if div is not None:
-                    margins.append(round(div["dense_gap"], 3))
-            row = {"n": int(prompts[0][0].shape[1]), "variant": name, "identical": same, "trials": trials,
-                   "retrieved": hits, "retrieved_dense": dense_hits, "density": meter.take(),
-                   "kl_first_token": sum(kls) / len(kls), "dense_margin_at_divergence": margins}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    return {"artifact": str(artifact), "device": device, "rows": rows, "seconds": round(time.time() - t0, 1)}
+    try:
+        names = list(variants or ["eager", *VARIANTS])
+        rows, t0 = [], time.time()
+        for n in lengths:
+            prompts = [retrieval_prompt_ids(tok, n, t, depth=(t + 0.5) / trials) for t in range(trials)]
+            prompts = [(ids.to(device), exp) for ids, exp in prompts]
+            set_attn_implementation(hf_model, "sdpa")
+            eos = tok.eos_token_id
+            dense = [greedy(hf_model, ids, new_tokens, eos) for ids, _ in prompts]
+            dense_hits = sum(all(w in tok.decode(d[0]) for w in exp[:2]) for d, (_, exp) in zip(dense, prompts))
+            for name in names:
+                if name == "eager":
+                    set_attn_implementation(hf_model, "eager")
+                else:
+                    set_crisp_config(hf_model, variant_configs(name, cm.layer_configs))
+                    set_attn_implementation(hf_model, "crisp")
+                same, hits, kls, margins = 0, 0, [], []
+                for (ids, exp), (dtoks, dlog) in zip(prompts, dense):
+                    toks, logit = greedy(hf_model, ids, new_tokens, eos)
+                    text = tok.decode(toks)
+                    same += toks == dtoks
+                    hits += all(w in text for w in exp[:2])
+                    pd, pv = torch.log_softmax(dlog[0], -1), torch.log_softmax(logit[0], -1)
+                    kls.append(float((pd.exp() * (pd - pv)).sum()))
+                    div = divergence((dtoks, dlog), toks)
+                    if div is not None:
+                        margins.append(round(div["dense_gap"], 3))
+                row = {"n": int(prompts[0][0].shape[1]), "variant": name, "identical": same, "trials": trials,
+                       "retrieved": hits, "retrieved_dense": dense_hits, "density": meter.take(),
+                       "kl_first_token": sum(kls) / len(kls), "dense_margin_at_divergence": margins}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        return {"artifact": str(artifact), "device": device, "rows": rows, "seconds": round(time.time() - t0, 1)}
+    finally:
+        meter.close()
 
 
 def write_results(result: dict, out_dir="bench/results/latest/e2e") -> str:

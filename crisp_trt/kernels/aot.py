@@ -14,7 +14,7 @@ parameters split three ways, read from the kernel itself:
 - fixed constexprs: `launch.fixed` (QG, RB, W, KC, ELEMS, INTERPRET = 0), the same in both;
 - variant constexprs: one cubin per value, and the plugin picks the cubin whose values match its launch:
   dtype (fp16/bf16, for kernels with q/k/v/out pointers), BLOCK (64/128), D (`--head-dims`), L (the window,
-  16 ... BLOCK), route's chunk C (16 ... 1024, from NB = ceil(tokens / BLOCK): launch.route_chunk), and the
+  16 ... BLOCK), route's chunk C (16 ... 1024, from NB = ceil(tokens / BLOCK): contract.SIZES["route_chunk"]), and the
   budget flags FLOOR / MIN_TOP.
 
 Pointer parameters are compiled with 16-byte divisibility, as Triton's JIT specialises them for torch's

@@ -25,7 +25,6 @@ import triton
 
 from ..config import CrispConfig
 from . import contract
-from .contract import pow2
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 QG = contract.CONSTANTS["QG"]  # query blocks per select program (tl.dot needs 16 rows)
@@ -54,11 +53,6 @@ def constexpr_names(fn) -> tuple[str, ...]:
     """The constexpr parameters of a kernel (cached: inspect.signature costs ~10 µs, and the op launches ~9
     kernels per call)."""
     return tuple(p.name for p in inspect.signature(fn.fn).parameters.values() if "constexpr" in str(p.annotation))
-
-
-def route_chunk(nb: int) -> int:
-    """route's chunk width C: the next power of two ≥ NB, in [16, ROUTE_CHUNK_MAX] (a variant axis)."""
-    return min(ROUTE_CHUNK_MAX, pow2(nb))
 
 
 def fixed(block: int) -> dict:
