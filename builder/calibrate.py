@@ -20,7 +20,7 @@ import random
 import torch
 
 from crisp_trt import reference
-from crisp_trt.bench import recall as recall_measure
+from crisp_trt.bench.recall import block_mass
 from crisp_trt.config import CrispConfig
 
 KAPPAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the grid, cut at the base config's kappa (see above)
@@ -52,17 +52,6 @@ def calibration_text(tokens: int, seed: int = 0) -> str:
         words += len(_TEXT.split()) + 12
     parts.append(" Now repeat the first sequence:")
     return "".join(parts)
-
-
-def block_mass(q: torch.Tensor, k: torch.Tensor, block: int, rows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """crisp_trt.bench.recall's sampled rows r and, per head, their dense softmax mass per key block
-    [H, R, NB]; recall of masks [H, NB, NB] is then (mass * masks[:, r // block]).sum(-1).mean(-1) per head."""
-    n, heads, _ = q.shape
-    group = heads // k.shape[1]
-    r = recall_measure.sample_rows(n, rows)
-    future = torch.arange(n)[None] > r[:, None]
-    mass = torch.stack([recall_measure.dense_rows(q[r, h], k[:, h // group], future, block)[1] for h in range(heads)])
-    return r, mass
 
 
 def head_statistics(est: reference.Estimate, sel: reference.HeadSelection, cfg: CrispConfig, n: int) -> dict:

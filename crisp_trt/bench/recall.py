@@ -41,20 +41,23 @@ def plan_from_masks(masks: list[torch.Tensor]):
     return SimpleNamespace(idx=idx, counts=counts, dense=torch.zeros(len(masks), dtype=torch.int32))
 
 
-def plan_recall(q: torch.Tensor, k: torch.Tensor, plan, block: int, *, seq: int = 0, rows: int = 64,
-                seed: int = 0) -> float:
-    """Mean dense softmax mass inside the plan's attended blocks; q [n, H, d], k [n, H_kv, d] of `seq`."""
+def block_mass(q: torch.Tensor, k: torch.Tensor, block: int, rows: int = 64, seed: int = 0):
+    """The sampled rows r (sample_rows) and, per head, their dense softmax mass per key block [H, R, NB];
+    q [n, H, d], k [n, H_kv, d]. Recall of any block selection is (mass * allowed).sum(-1).mean(): the one
+    measure behind crisp-bench's recall and calibration's."""
     n, heads, _ = q.shape
     group = heads // k.shape[1]
     r = sample_rows(n, rows, seed).to(q.device)
-    nkb = -(-n // block)
-    allowed = masks_from_plan(plan, seq, nkb, r // block).to(q.device)        # [H, R, nkb]
     future = torch.arange(n, device=q.device)[None] > r[:, None]
-    total = 0.0
-    for h in range(heads):
-        _, mass = dense_rows(q[r, h], k[:, h // group], future, block)
-        total += float((mass * allowed[h]).sum(-1).mean())
-    return total / heads
+    return r, torch.stack([dense_rows(q[r, h], k[:, h // group], future, block)[1] for h in range(heads)])
+
+
+def plan_recall(q: torch.Tensor, k: torch.Tensor, plan, block: int, *, seq: int = 0, rows: int = 64,
+                seed: int = 0) -> float:
+    """Mean dense softmax mass inside the plan's attended blocks; q [n, H, d], k [n, H_kv, d] of `seq`."""
+    r, mass = block_mass(q, k, block, rows, seed)
+    allowed = masks_from_plan(plan, seq, mass.shape[-1], r // block).to(q.device)        # [H, R, nkb]
+    return float((mass * allowed).sum(-1).mean())
 
 
 def oracle_positions(n: int, block: int, rows: int, where: str) -> torch.Tensor:
