@@ -40,7 +40,7 @@ def _one_node_onnx(heads, kv, d, dtype, attrs):
 
 
 def case(heads: int, kv: int, d: int, dtype: str, max_tokens: int, max_batch: int) -> dict:
-    """One case in this process: network, checks, two builds around the plugin's workspace."""
+    """One case in this process: one network, checks, then two more builds of it around the plugin's workspace."""
     from crisp_trt import plugin
     from crisp_trt.builder import engine
     from crisp_trt.config import CrispConfig
@@ -49,14 +49,13 @@ def case(heads: int, kv: int, d: int, dtype: str, max_tokens: int, max_batch: in
     trt = plugin.tensorrt(builder=True)
     logger = engine.make_logger(trt)
     builder = trt.Builder(logger)
-    plugin.load(trt=trt)
+    creator = plugin.load(trt=trt)
     cfg = CrispConfig()
     rec = {"case": f"{heads}/{kv} d{d} {dtype}", "builder": trt.__name__, "version": getattr(trt, "__version__", "?")}
 
     def network():
         net = builder.create_network(engine.network_flags(trt))
         if hasattr(net, "add_plugin_v3"):
-            creator = plugin.load(trt=trt)
             pl = creator.create_plugin("crisp", plugin.field_collection(cfg, heads, kv, d, trt=trt), trt.TensorRTPhase.BUILD)
             tt = getattr(trt, dtype)
             q = net.add_input("q", tt, (-1, heads, d))
@@ -71,8 +70,10 @@ def case(heads: int, kv: int, d: int, dtype: str, max_tokens: int, max_batch: in
             raise RuntimeError("parser: " + "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
         return net, parser, "onnx parser (these Python bindings have no add_plugin_v3)"
 
+    net, _parser, route = network()  # once per case (the parser holds the weights: kept); builds vary the config
+
     def build(pool: int | None):
-        net, _parser, route = network()
+        """The network's serialised plan (None when the builder refuses) with the workspace pool at `pool` bytes."""
         profile = builder.create_optimization_profile()
         for name, width in (("q", heads), ("k", kv), ("v", kv)):
             profile.set_shape(name, (1, width, d), (8192, width, d), (max_tokens, width, d))
@@ -81,9 +82,9 @@ def case(heads: int, kv: int, d: int, dtype: str, max_tokens: int, max_batch: in
         config.add_optimization_profile(profile)
         if pool is not None:
             config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, pool)
-        return net, route, builder.build_serialized_network(net, config)
+        return builder.build_serialized_network(net, config)
 
-    net, route, plan = build(None)
+    plan = build(None)
     layers = engine.plugin_layers(trt, net)
     out = net.get_output(0)
     rec.update(route=route, plugin_layers=len(layers), layer_type=str(layers[0].type) if layers else None,
@@ -93,8 +94,8 @@ def case(heads: int, kv: int, d: int, dtype: str, max_tokens: int, max_batch: in
     ws = launch.workspace(max_batch, heads, kv, d, cfg, max_tokens)[1].size
     rec["plugin_workspace"] = ws
     if plan is not None:
-        rec["build_at_workspace"] = build(ws)[2] is not None
-        rec["build_below_workspace"] = build(ws - 1)[2] is not None
+        rec["build_at_workspace"] = build(ws) is not None
+        rec["build_below_workspace"] = build(ws - 1) is not None
     try:
         runtime = trt.Runtime(logger)
         eng = runtime.deserialize_cuda_engine(plan) if plan is not None else None
