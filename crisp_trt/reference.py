@@ -20,6 +20,14 @@ select    per query block, the attended key blocks: vertical-slash → kept colu
           A route can be forced (select(..., route=...)): calibration scores each head under both.
 attend    causal attention restricted to the selected blocks.
 plan      estimate → route → select of one sequence.
+
+Chunked prefill: q may be the last q_len ≤ kv_len rows of the sequence whose keys k holds (offset = kv_len − q_len,
+query row i at absolute position offset + i, attending keys j ≤ offset + i). Blocks stay absolute (key block
+j // B, query block (offset + i) // B) and the plan is the prefix's: the proxy window is the chunk's last
+min(L, q_len) rows (the sequence's last positions), route depends on kv_len only, a query block's pooled q
+pools the chunk's rows in it, and select / attend cover only the query blocks the chunk touches (the first
+one partial when offset % B ≠ 0). q_len == kv_len is the one-call case. `return_lse` also gives the natural-log
+log-sum-exp of the scaled logits over the attended keys per row and head (attend: how to merge two parts).
 """
 from __future__ import annotations
 
@@ -63,23 +71,34 @@ def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
-def pool_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
-    """Mean over each block of tokens: [n, heads, d] → [NB, heads, d] (fp32; last block partial)."""
-    n = x.shape[0]
+def pool_blocks(x: torch.Tensor, block: int, first: int = 0) -> torch.Tensor:
+    """Mean over each block of tokens whose rows x holds, x's rows sitting at positions first, first + 1, ...:
+    [m, heads, d] → [NB(first + m) − first // block, heads, d], blocks first // block onwards (fp32; a partial
+    first or last block is divided by the rows it has)."""
+    lead = first % block
+    n = lead + x.shape[0]
     nb = num_blocks(n, block)
     pad = nb * block - n
-    xf = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, pad)).view(nb, block, *x.shape[1:])
+    xf = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, lead, pad)).view(nb, block, *x.shape[1:])
     width = torch.full((nb,), float(block))
     width[-1] = n - (nb - 1) * block
+    width[0] -= lead
     return xf.sum(1) / width.view(nb, 1, 1).to(xf.device)
 
 
+def first_block(q: torch.Tensor, k: torch.Tensor, block: int) -> int:
+    """The first query block a chunk touches: (kv_len − q_len) // block (0 for a one-call prefill)."""
+    return (k.shape[0] - q.shape[0]) // block
+
+
 def proxy_map(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> torch.Tensor:
-    """P [H, L, n]: softmax of the last-query window against all keys, causal inside the window."""
-    n, heads, d = q.shape
-    rows = min(cfg.window, n)
+    """P [H, L, kv_len]: softmax of the last-query window (the chunk's last L = min(window, q_len) rows, at
+    positions kv_len − L …) against all keys, causal."""
+    q_len, heads, d = q.shape
+    n = k.shape[0]
+    rows = min(cfg.window, q_len)
     kk = _expand_kv(k, heads).float()
-    logits = torch.einsum("ihd,jhd->hij", q[n - rows:].float(), kk) / math.sqrt(d)
+    logits = torch.einsum("ihd,jhd->hij", q[q_len - rows:].float(), kk) / math.sqrt(d)
     pos_q = torch.arange(n - rows, n).view(rows, 1)
     pos_k = torch.arange(n).view(1, n)
     logits = logits.masked_fill((pos_k > pos_q).to(logits.device), float("-inf"))
@@ -218,8 +237,10 @@ def trim_to_coverage(vs: torch.Tensor, ss: torch.Tensor, columns: torch.Tensor, 
 
 
 def route(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> HeadSelection:
-    """Per head: noise-floor (or cumulative) selection of columns and diagonals, C_struct, route."""
-    n, heads, d = q.shape
+    """Per head: noise-floor (or cumulative) selection of columns and diagonals, C_struct, route (of the
+    kv_len-token prefix: q may be its last rows)."""
+    q_len, heads, d = q.shape
+    n = k.shape[0]
     block = cfg.block_size
     nb = num_blocks(n, block)
     width = _widths(n, block).to(est.vsum.device)
@@ -232,8 +253,8 @@ def route(est: Estimate, q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> 
     c_struct = torch.zeros(heads)
     jsd = torch.zeros(heads)
     pooled_k = _expand_kv(pool_blocks(k, block), heads)  # [NB, H, d]
-    rows = min(cfg.window, n)
-    pooled_q = q[n - rows:].float().mean(0)  # [H, d]
+    rows = min(cfg.window, q_len)
+    pooled_q = q[q_len - rows:].float().mean(0)  # [H, d]
     columns[:, :v_lo] = True
     offsets = torch.zeros(nb, dtype=torch.bool)
     offsets[:s_lo] = True
@@ -286,20 +307,22 @@ def block_sparse_row(pooled_q: torch.Tensor, pooled_k: torch.Tensor, qb: int, cf
 
 def select(q: torch.Tensor, k: torch.Tensor, sel: HeadSelection, cfg: CrispConfig,
            route: int | None = None) -> torch.Tensor:
-    """Attended key blocks per head and query block: bool [H, NB(q), NB(k)], diagonal included. `route`
-    (ROUTE_VERTICAL_SLASH or ROUTE_BLOCK_SPARSE) forces that route on every head instead of sel.route."""
-    n, heads, d = q.shape
+    """Attended key blocks per head and absolute query block: bool [H, NB, NB] (NB of kv_len), diagonal included;
+    rows of query blocks the chunk q does not touch stay False. `route` (ROUTE_VERTICAL_SLASH or
+    ROUTE_BLOCK_SPARSE) forces that route on every head instead of sel.route."""
+    heads, d = q.shape[1:]
     block = cfg.block_size
-    nb = num_blocks(n, block)
-    pooled_q = pool_blocks(q, block).cpu()
+    nb = num_blocks(k.shape[0], block)
+    qb0 = first_block(q, k, block)
+    pooled_q = pool_blocks(q, block, k.shape[0] - q.shape[0]).cpu()  # rows: query blocks qb0 …
     pooled_k = _expand_kv(pool_blocks(k, block), heads).cpu()
     masks = torch.zeros(heads, nb, nb, dtype=torch.bool)
     for h in range(heads):
-        for qb in range(nb):
+        for qb in range(qb0, nb):
             if int(sel.route[h] if route is None else route) == ROUTE_VERTICAL_SLASH:
                 masks[h, qb] = vertical_slash_union(sel.columns[h], sel.distances[h], qb)
             else:
-                masks[h, qb] = block_sparse_row(pooled_q[qb, h], pooled_k[:, h], qb, cfg, 1 / math.sqrt(d))
+                masks[h, qb] = block_sparse_row(pooled_q[qb - qb0, h], pooled_k[:, h], qb, cfg, 1 / math.sqrt(d))
     return masks
 
 
@@ -309,48 +332,63 @@ def plan(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> tuple[HeadSelect
     return sel, select(q, k, sel, cfg)
 
 
-
-
 def causal_block_mask(n: int, heads: int, block: int) -> torch.Tensor:
     nb = num_blocks(n, block)
     return torch.ones(nb, nb, dtype=torch.bool).tril().expand(heads, nb, nb).clone()
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: torch.Tensor, block: int,
-           first_row: int = 0) -> torch.Tensor:
+           first_row: int = 0, return_lse: bool = False):
     """Causal attention restricted to the masked key blocks, fp32 math, output in q's dtype.
 
-    Rows first_row… only (the output has n − first_row rows): long sequences are checked on their last
-    rows without an n × n map."""
-    n, heads, d = q.shape
+    q holds the last q_len ≤ kv_len rows of the sequence (row i at position kv_len − q_len + i); rows
+    first_row… only (the output has q_len − first_row rows): long sequences are checked on their last rows
+    without an n × n map. With return_lse also the log-sum-exp [rows, H] (f32, natural log) of the scaled
+    logits over the attended keys. Two results over disjoint key sets merge into the one over their union:
+    lse = logaddexp(lse_a, lse_b), out = exp(lse_a − lse) · out_a + exp(lse_b − lse) · out_b (merge_partials)."""
+    q = q[first_row:]
+    rows, heads, d = q.shape
+    n = k.shape[0]
     kk, vv = _expand_kv(k, heads).float(), _expand_kv(v, heads).float()
-    out = torch.empty(n - first_row, heads, d, dtype=torch.float32, device=q.device)
-    tok_block = torch.arange(n, device=q.device) // block
-    pos = torch.arange(n, device=q.device)
-    causal = pos[first_row:, None] >= pos[None, :]
+    out = torch.empty(rows, heads, d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
+    pos_k = torch.arange(n, device=q.device)
+    pos_q = pos_k[n - rows:]
+    causal = pos_q[:, None] >= pos_k[None, :]
     for h in range(heads):
-        allowed = masks[h].to(q.device)[tok_block[first_row:]][:, tok_block] & causal
-        logits = (q[first_row:, h].float() @ kk[:, h].T) / math.sqrt(d)
+        allowed = masks[h].to(q.device)[pos_q // block][:, pos_k // block] & causal
+        logits = (q[:, h].float() @ kk[:, h].T) / math.sqrt(d)
         logits = logits.masked_fill(~allowed, float("-inf"))
         out[:, h] = torch.softmax(logits, -1) @ vv[:, h]
-    return out.to(q.dtype)
+        lse[:, h] = torch.logsumexp(logits, -1)
+    return (out.to(q.dtype), lse) if return_lse else out.to(q.dtype)
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal dense attention of one sequence ([n, H, d], GQA by repetition), fp32 math."""
-    n, heads, _ = q.shape
-    return attend(q, k, v, causal_block_mask(n, heads, n), n)
+def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor):
+    """(out, lse) of attention over the union of two disjoint key sets from each set's (out, lse): out
+    [..., H, d], lse [..., H] (natural log, as attend and crisp_prefill_attention return them)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    out = torch.exp(lse_a - lse)[..., None] * out_a.float() + torch.exp(lse_b - lse)[..., None] * out_b.float()
+    return out.to(out_a.dtype), lse
 
 
-def density(masks: torch.Tensor) -> torch.Tensor:
-    """Fraction of causal blocks computed, per head."""
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_lse: bool = False):
+    """Causal dense attention of one sequence (q [q_len, H, d]: its last rows; k, v [kv_len, H_kv, d], GQA by
+    repetition), fp32 math; with return_lse also the log-sum-exp [q_len, H]."""
+    n, heads = k.shape[0], q.shape[1]
+    return attend(q, k, v, causal_block_mask(n, heads, n), n, return_lse=return_lse)
+
+
+def density(masks: torch.Tensor, first: int = 0) -> torch.Tensor:
+    """Fraction of causal blocks computed, per head, over query blocks first… (those a chunk touches)."""
     nb = masks.shape[-1]
-    return masks.sum((-1, -2)).float() / (nb * (nb + 1) / 2)
+    return masks[:, first:].sum((-1, -2)).float() / ((nb * (nb + 1) - first * (first + 1)) / 2)
 
 
-def crisp_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: CrispConfig):
-    """Whole pipeline on one sequence: (out, route[H], c_struct[H], density[H])."""
-    n, heads, _ = q.shape
+def crisp_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: CrispConfig, return_lse: bool = False):
+    """Whole pipeline on one sequence (q: its last q_len ≤ kv_len rows): (out, route[H], c_struct[H],
+    density[H]), plus lse [q_len, H] with return_lse."""
+    n, heads = k.shape[0], q.shape[1]
     if n < max(cfg.dense_below, 1):
         masks = causal_block_mask(n, heads, cfg.block_size)
         route = torch.full((heads,), ROUTE_DENSE)
@@ -358,4 +396,6 @@ def crisp_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: Crisp
     else:
         sel, masks = plan(q, k, cfg)
         route, c_struct = sel.route, sel.c_struct
-    return attend(q, k, v, masks, cfg.block_size), route, c_struct, density(masks)
+    attended = attend(q, k, v, masks, cfg.block_size, return_lse=return_lse)
+    dens = density(masks, first_block(q, k, cfg.block_size))
+    return (attended[0], route, c_struct, dens, attended[1]) if return_lse else (attended, route, c_struct, dens)

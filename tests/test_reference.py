@@ -201,3 +201,90 @@ def test_cap_ranks_by_mass():
     assert R._keep(score, mass, width, always, gamma).tolist() == [True, False, False, True, False, False]
     assert R._keep(score, mass, width, always, gamma.replace(max_budget=64)).tolist() == \
         [True, False, False, False, False, False]
+
+
+# --- chunked prefill and LSE ----------------------------------------------------------------------------------
+
+CHUNK_BASE = CrispConfig(block_size=64, dense_below=0, min_budget=128, max_budget=512)
+CHUNK_CONFIGS = {
+    "crisp": CHUNK_BASE,
+    "block_sparse": CHUNK_BASE.replace(tau=1.5),
+    "cumulative": CHUNK_BASE.replace(budget="cumulative"),
+    "jsd": CHUNK_BASE.replace(routing="jsd", tau=0.1),
+    "window32": CHUNK_BASE.replace(last_q=32, tau=0.97),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHUNK_CONFIGS))
+@pytest.mark.parametrize("offset", [256, 512])
+def test_chunk_equals_the_one_call_rows(name, offset):
+    """q_len ≥ window and offset % B == 0: the chunk's plan is the prefix's, so its rows, routes, C_struct and
+    the masks of the query blocks it touches are the one call's."""
+    cfg = CHUNK_CONFIGS[name]
+    q, k, v = (t[0] for t in synthetic_qkv(600, 4, 2, 64, seed=11))
+    sel, whole = R.plan(q, k, cfg)
+    c_sel, part = R.plan(q[offset:], k, cfg)
+    assert torch.equal(c_sel.route, sel.route) and torch.equal(c_sel.c_struct, sel.c_struct)
+    qb0 = offset // cfg.block_size
+    assert torch.equal(part[:, qb0:], whole[:, qb0:]) and not part[:, :qb0].any()
+    chunk = R.attend(q[offset:], k, v, part, cfg.block_size)
+    assert torch.isfinite(chunk).all() and _rel(chunk, R.attend(q, k, v, whole, cfg.block_size, offset)) < 1e-5
+
+
+@pytest.mark.parametrize("offset", [0, 100, 333, 599])
+def test_chunk_at_kappa_zero_is_dense(offset):
+    """A keep-everything config attends every causal block, so any chunk (offset not a multiple of B, q_len
+    below the window, a single row) is dense attention of its rows, LSE included."""
+    q, k, v = _rand(600, seed=offset)
+    out, route, _, dens, lse = R.crisp_sequence(q[offset:], k, v, KEEP_ALL, return_lse=True)
+    want, want_lse = R.dense_attention(q, k, v, return_lse=True)
+    assert out.shape == (600 - offset, 4, 32) and lse.shape == (600 - offset, 4) and lse.dtype == torch.float32
+    assert torch.isfinite(out).all() and _rel(out, want[offset:]) < 1e-5
+    assert _rel(lse, want_lse[offset:]) < 1e-6 and torch.all(dens == 1)
+
+
+@pytest.mark.parametrize("offset", [0, 170])
+def test_lse_is_the_masked_logsumexp(offset):
+    """attend's LSE is torch.logsumexp of the scaled logits over the planned blocks (and causal), per row/head."""
+    cfg = CHUNK_BASE.replace(tau=1.5, min_budget=0)  # block-sparse heads: a sparse plan at 500 tokens
+    q, k, v = (t[0] for t in synthetic_qkv(500, 4, 2, 64, seed=12))
+    chunk = q[offset:]
+    _, route, _, _, lse = R.crisp_sequence(chunk, k, v, cfg, return_lse=True)
+    masks = R.plan(chunk, k, cfg)[1]
+    pos = torch.arange(500)
+    for h in range(4):
+        logits = chunk[:, h] @ k[:, h // 2].T / 8.0
+        allowed = masks[h][pos[offset:] // 64][:, pos // 64] & (pos[offset:, None] >= pos[None, :])
+        want = torch.logsumexp(logits.masked_fill(~allowed, float("-inf")), -1)
+        assert torch.isfinite(lse[:, h]).all() and _rel(lse[:, h], want) < 1e-6
+    assert bool((masks[:, 2:].sum() < R.causal_block_mask(500, 4, 64)[:, 2:].sum()))  # sparse: not dense's LSE
+
+
+def test_merge_partials_equals_the_union():
+    """Two disjoint key sets (the cached prefix's blocks and the chunk's own, as a chunked prefill splits them,
+    and a random split of the sparse plan): outputs merged by their LSEs equal attention over the union."""
+    q, k, v = _rand(700, seed=13)
+    offset, block = 320, 64
+    chunk = q[offset:]
+    masks = R.plan(chunk, k, CHUNK_BASE)[1]
+    qb = torch.arange(masks.shape[-1])
+    before = qb[None, :] < offset // block  # key blocks of the prefix: wholly before every chunk row
+    g = torch.Generator().manual_seed(3)
+    coin = torch.rand(masks.shape, generator=g) < 0.5
+    for part_a in (masks & before, masks & (coin | (qb[:, None] == qb[None, :]))):  # each row keeps a key in b
+        part_b = masks & ~part_a
+        out_a, lse_a = R.attend(chunk, k, v, part_a, block, return_lse=True)
+        out_b, lse_b = R.attend(chunk, k, v, part_b, block, return_lse=True)
+        whole, lse = R.attend(chunk, k, v, masks, block, return_lse=True)
+        out, merged = R.merge_partials(out_a, lse_a, out_b, lse_b)
+        assert torch.isfinite(out).all() and _rel(out, whole) < 1e-5 and _rel(merged, lse) < 1e-6
+
+
+def test_pool_blocks_of_a_chunk():
+    """A chunk's pooled q: its rows in each absolute block, the partial first block divided by its own rows."""
+    q, _, _ = _rand(300, seed=14)
+    got = R.pool_blocks(q[100:], 64, first=100)  # blocks 1..4: rows 100-127, 128-191, 192-255, 256-299
+    assert got.shape == (4, 4, 32)
+    for i, (a, b) in enumerate([(100, 128), (128, 192), (192, 256), (256, 300)]):
+        assert torch.allclose(got[i], q[a:b].mean(0), atol=1e-6)
+    assert torch.equal(R.pool_blocks(q, 64, first=0), R.pool_blocks(q, 64))
