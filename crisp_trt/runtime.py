@@ -5,8 +5,9 @@ no padding) goes through crisp_trt.crisp_prefill_attention with the artifact's p
 config (hf.set_crisp_config with one config per layer); decode steps use SDPA.
 `crisp-run DIR --prompt ...` prints the completion and the TTFT; `--tp N` splits the heads (and the MLP)
 across N processes it starts itself (crisp_trt.tp: TensorRT-LLM's sharding rule, NCCL on GPUs, gloo on the
-CPU). An artifact carries a format version (FORMAT, written by builder/artifact.py); `read_crisp` refuses a
-missing or unknown one with the command that rebuilds it.
+CPU; generate_tp_modes loads once per rank for several attention modes). An artifact carries a format version
+(FORMAT, written by builder/artifact.py); `read_crisp` refuses a missing or unknown one with the command that
+rebuilds it.
 """
 from __future__ import annotations
 
@@ -54,12 +55,9 @@ class CrispModel:
         self.set_attention(attention)
 
     def set_attention(self, attention: str) -> None:
-        implementation = {"crisp": "crisp", "dense": "sdpa", "eager": "eager"}.get(attention)
-        if implementation is None:
-            raise ValueError(f"attention={attention!r}: expected 'crisp', 'dense' or 'eager'")
         from .models import set_attn_implementation
 
-        set_attn_implementation(self.model, implementation)
+        set_attn_implementation(self.model, _implementation(attention))
         self.attention = attention
 
     @property
@@ -105,6 +103,14 @@ class CrispModel:
         return Generation(text, new, ttft, total, int(ids.shape[1]), logits)
 
 
+def _implementation(attention: str) -> str:
+    """transformers' attention implementation behind a CrispModel attention mode; ValueError naming `attention`."""
+    implementation = {"crisp": "crisp", "dense": "sdpa", "eager": "eager"}.get(attention)
+    if implementation is None:
+        raise ValueError(f"attention={attention!r}: expected 'crisp', 'dense' or 'eager'")
+    return implementation
+
+
 def _rank0_argmax(logits: torch.Tensor) -> int:
     """The greedy token as rank 0 picks it, on every rank (the ranks' logits agree; this makes sure that an
     exact tie can never send the ranks down different paths)."""
@@ -142,7 +148,11 @@ def greedy_steps(model, ids: torch.Tensor, max_new_tokens: int, eos: int | None 
 def read_crisp(artifact_dir) -> dict:
     """The "crisp" section of an artifact's config.json (builder/artifact.py writes it), after checking that
     its format version is the one this runtime reads."""
-    cfg = json.loads((Path(artifact_dir) / "config.json").read_text())
+    return _crisp_section(json.loads((Path(artifact_dir) / "config.json").read_text()), artifact_dir)
+
+
+def _crisp_section(cfg: dict, artifact_dir) -> dict:
+    """read_crisp on a config.json already read."""
     if "crisp" not in cfg:
         raise ValueError(f"{artifact_dir}/config.json has no 'crisp' section: not a crisp-build artifact")
     crisp = cfg["crisp"]
@@ -160,17 +170,16 @@ def layer_configs(crisp: dict) -> list[CrispConfig]:
     return [base.replace(kappa=float(l["kappa"]), tau=float(l["tau"])) for l in crisp["layers"]]
 
 
-def _require_artifact(artifact_dir) -> Path:
+def _checked(artifact_dir, tp) -> tuple[Path, dict]:
+    """(path, crisp section) of an artifact after the checks that need no weights, config.json read once: it
+    exists, its format is this runtime's (read_crisp), its model splits tp ways (ValueError naming --tp)."""
     path = Path(artifact_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json: not a crisp-build artifact (run crisp-build --output {path})")
-    return path
-
-
-def check_tp(artifact_dir, tp) -> None:
-    """ValueError naming --tp unless the artifact's model splits tp ways (crisp_trt.tp's rule)."""
-    cfg = json.loads((Path(artifact_dir) / "config.json").read_text())
+    cfg = json.loads((path / "config.json").read_text())
+    crisp = _crisp_section(cfg, path)
     tensor_parallel.check(tp, *tensor_parallel.model_shape(cfg))
+    return path, crisp
 
 
 def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtype=None, tp: int = 1,
@@ -178,11 +187,14 @@ def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtyp
     """Load a crisp-build torch artifact directory (a half-precision model keeps float32 logits:
     models.Float32Logits). tp > 1: rank `rank`'s shard (crisp_trt.tp.shard_model; torch.distributed must be
     initialised, as generate_tp does), sharded on the CPU so that only the shard reaches the device."""
+    path, crisp = _checked(artifact_dir, tp)
+    return _load_checked(path, crisp, attention, device, dtype, tp, rank)
+
+
+def _load_checked(path: Path, crisp: dict, attention: str, device, dtype, tp: int, rank: int) -> CrispModel:
+    """load after _checked: the ranks of generate_tp_modes start here (the artifact is checked once, before)."""
     from .models import load_model
 
-    path = _require_artifact(artifact_dir)
-    crisp = read_crisp(path)
-    check_tp(path, tp)
     if not (isinstance(rank, int) and 0 <= rank < tp):
         raise ValueError(f"rank={rank!r}: expected an int in [0, tp={tp})")
     if tp > 1 and not (torch.distributed.is_initialized() and torch.distributed.get_world_size() == tp):
@@ -194,17 +206,42 @@ def load(artifact_dir, attention: str = "crisp", device: str | None = None, dtyp
     return CrispModel(model, tok, crisp, attention)
 
 
-def _generate_rank(rank: int, tp: int, device, artifact_dir, prompts, options: dict) -> list[Generation]:
-    """One rank of generate_tp: load the shard, then every prompt; TTFT the median over the repeats."""
-    model = load(artifact_dir, options["attention"], str(device), options["dtype"], tp=tp, rank=rank)
-    results = []
-    for prompt in prompts:
-        runs = [model.generate(prompt, options["max_new_tokens"], options["chat"])
-                for _ in range(options["warmup"] + options["repeats"])][options["warmup"]:]
-        best = runs[-1]
-        best.ttft_s = statistics.median(r.ttft_s for r in runs)
-        results.append(best)
+def _generate_rank(rank: int, tp: int, device, path: Path, crisp: dict, prompts,
+                   options: dict) -> dict[str, list[Generation]]:
+    """One rank of generate_tp_modes: load the shard once, then every attention mode × prompt; TTFT the median
+    over the repeats."""
+    attentions = options["attentions"]
+    model = _load_checked(path, crisp, attentions[0], str(device), options["dtype"], tp, rank)
+    results = {}
+    for attention in attentions:
+        model.set_attention(attention)
+        results[attention] = []
+        for prompt in prompts:
+            runs = [model.generate(prompt, options["max_new_tokens"], options["chat"])
+                    for _ in range(options["warmup"] + options["repeats"])][options["warmup"]:]
+            best = runs[-1]
+            best.ttft_s = statistics.median(r.ttft_s for r in runs)
+            results[attention].append(best)
     return results
+
+
+def generate_tp_modes(artifact_dir, prompts: list, attentions, tp: int = 1,
+                      max_new_tokens: int = 32, device: str | None = None, dtype=None, chat: bool = False,
+                      warmup: int = 0, repeats: int = 1) -> dict[str, list[Generation]]:
+    """generate_tp for each attention mode in `attentions`, the model loaded once per rank: {mode: rank 0's
+    generations}. The artifact is checked here, once; the ranks get what they need."""
+    attentions = tuple(attentions)
+    if not attentions:
+        raise ValueError("attentions=(): expected at least one of 'crisp', 'dense', 'eager'")
+    for attention in attentions:
+        _implementation(attention)  # a bad mode fails here, before any process starts
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    path, crisp = _checked(artifact_dir, tp)
+    options = dict(attentions=attentions, dtype=dtype, max_new_tokens=max_new_tokens, chat=chat, warmup=warmup,
+                   repeats=repeats)
+    if tp == 1:
+        return _generate_rank(0, 1, device, path, crisp, prompts, options)
+    return tensor_parallel.spawn(_generate_rank, tp, torch.device(device).type, path, crisp, prompts, options)
 
 
 def generate_tp(artifact_dir, prompts: list, tp: int = 1, max_new_tokens: int = 32, attention: str = "crisp",
@@ -213,15 +250,8 @@ def generate_tp(artifact_dir, prompts: list, tp: int = 1, max_new_tokens: int = 
     """Greedy completions of `prompts` (text, or token ids [1, n]) with the artifact split tp ways: tp
     processes started here (one GPU each on CUDA, gloo on the CPU), rank 0's results returned. tp=1 runs in
     this process. TTFT: the median over `repeats` runs after `warmup` runs of each prompt."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    _require_artifact(artifact_dir)
-    read_crisp(artifact_dir)
-    check_tp(artifact_dir, tp)
-    options = dict(attention=attention, dtype=dtype, max_new_tokens=max_new_tokens, chat=chat, warmup=warmup,
-                   repeats=repeats)
-    if tp == 1:
-        return _generate_rank(0, 1, device, artifact_dir, prompts, options)
-    return tensor_parallel.spawn(_generate_rank, tp, torch.device(device).type, artifact_dir, prompts, options)
+    return generate_tp_modes(artifact_dir, prompts, (attention,), tp, max_new_tokens, device, dtype, chat, warmup,
+                             repeats)[attention]
 
 
 def main(argv=None) -> int:

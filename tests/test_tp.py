@@ -163,6 +163,27 @@ def test_crisp_run_tp_spawns_its_ranks(tiny):
     assert proc.stdout.rstrip("\n") == one.text and "tp 2" in proc.stderr
 
 
+def test_modes_load_once_and_match_generate_tp(tiny, monkeypatch):
+    """generate_tp_modes (gpu_tp.sh's call): one load for every attention mode, each mode's generations those
+    of generate_tp with that mode; a bad mode fails before any load."""
+    from crisp_trt import models, runtime
+
+    prompt = " ".join(f"w{i % 60}" for i in range(200))
+    singles = {a: runtime.generate_tp(tiny, [prompt], max_new_tokens=NEW_TOKENS, attention=a, device="cpu")[0]
+               for a in ("crisp", "dense")}
+    loads = []
+    load_model = models.load_model
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: loads.append(a) or load_model(*a, **k))
+    modes = runtime.generate_tp_modes(tiny, [prompt], ("crisp", "dense"), max_new_tokens=NEW_TOKENS, device="cpu")
+    assert len(loads) == 1 and list(modes) == ["crisp", "dense"]
+    for attention, single in singles.items():
+        assert modes[attention][0].token_ids == single.token_ids
+        assert torch.equal(modes[attention][0].logits, single.logits)
+    with pytest.raises(ValueError, match=r"attention='sparse': expected 'crisp', 'dense' or 'eager'"):
+        runtime.generate_tp_modes(tiny, [prompt], ("crisp", "sparse"))
+    assert len(loads) == 1
+
+
 def test_load_without_ranks_says_how(tiny):
     from crisp_trt import runtime
 

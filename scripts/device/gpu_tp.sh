@@ -42,7 +42,8 @@ if [ ! -f "$ART/config.json" ]; then
 fi
 
 cat > "$WORK/tp_run.py" <<'EOF'
-"""One TP size: every length × attention through runtime.generate_tp; rows to WORK/tp{N}.json, logits beside."""
+"""One TP size: every length × attention through runtime.generate_tp_modes (the model loaded once per rank);
+rows to WORK/tp{N}.json, logits beside."""
 import json
 import os
 import sys
@@ -61,9 +62,10 @@ if __name__ == "__main__":
     tok = AutoTokenizer.from_pretrained(art)
     prompts = [retrieval_prompt_ids(tok, min(parse_length(n), limit), 0)[0] for n in os.environ["LENGTHS"].split(",")]
     rows = []
-    for attention in os.environ["ATTENTIONS"].split(","):
-        gens = runtime.generate_tp(art, prompts, tp=tp, max_new_tokens=new, attention=attention, device=device,
-                                   dtype=torch.bfloat16 if device == "cuda" else torch.float32, warmup=1, repeats=repeats)
+    modes = runtime.generate_tp_modes(art, prompts, os.environ["ATTENTIONS"].split(","), tp=tp, max_new_tokens=new,
+                                      device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                                      warmup=1, repeats=repeats)
+    for attention, gens in modes.items():
         for gen in gens:
             torch.save(gen.logits, os.path.join(work, f"logits_tp{tp}_{attention}_{gen.prompt_tokens}.pt"))
             rows.append({"tp": tp, "attention": attention, "n": gen.prompt_tokens, "ttft_ms": gen.ttft_s * 1000,
