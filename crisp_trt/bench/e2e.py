@@ -58,17 +58,10 @@ def divergence(dense: tuple, toks: list) -> dict | None:
     return {"diverge_at": first, "dense_gap": float(top[0] - top[1])}
 
 
-def _time_prefill(model, ids, repeats):
-    times = []
-    for _ in range(repeats):
-        _, ttft, _ = model.generate_ids(ids, max_new_tokens=1)
-        times.append(ttft)
-    return statistics.median(times)
-
-
 def prefill_ms(model, ids: torch.Tensor, repeats: int = 3, warmup: int = 1) -> float:
     """Median ms of one prefill of ids [1, n] that returns the first token: the forward with a fresh KV cache
-    and last-position logits, then the argmax (CUDA-synchronised wall time; the whole model, every layer)."""
+    and last-position logits, then the argmax (CUDA-synchronised wall time; the whole model, every layer).
+    The benches' one TTFT timer (run_e2e times a runtime CrispModel's HF model with it)."""
     def once():
         with torch.no_grad():
             token = model(ids, use_cache=True, logits_to_keep=1).logits[0, -1].argmax()
@@ -129,9 +122,7 @@ def run_e2e(artifact_dir, lengths=(2048, 4096, 8192), out_dir: str | Path = "ben
         row = {"length": int(ids.shape[1])}
         for att in ("dense", "crisp"):
             model.set_attention(att)
-            for _ in range(warmup):
-                model.generate_ids(ids, 1)
-            row[f"ttft_{att}_ms"] = _time_prefill(model, ids, repeats) * 1000
+            row[f"ttft_{att}_ms"] = prefill_ms(model.model, ids, repeats, warmup)
             row[f"prefill_tok_s_{att}"] = row["length"] / (row[f"ttft_{att}_ms"] / 1000)
         row["speedup"] = row["ttft_dense_ms"] / row["ttft_crisp_ms"]
         prompts = []
