@@ -12,7 +12,8 @@ ROUTE_NAMES = {0: "dense", 1: "vertical_slash", 2: "block_sparse"}
 class CrispStats:
     """route [S, H] (0 dense, 1 vertical-slash, 2 block-sparse), c_struct [S, H] (the structural coverage
     that routed the head: vertical-slash iff ≥ tau; taken before the trim), density [S, H]: the fraction
-    of causal blocks attended."""
+    of causal blocks attended (of a chunk: over the query blocks it touches). A sequence with no queries
+    reports route 0, C_struct 0 and density 0."""
 
     route: torch.Tensor
     c_struct: torch.Tensor
