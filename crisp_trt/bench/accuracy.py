@@ -131,6 +131,15 @@ def use_method(model, method: str, base: CrispConfig, configs: dict | None = Non
         set_crisp_config(model, (configs or {}).get(method) or method_config(method, base))
 
 
+def use_rope(model, rope, n: int) -> None:
+    """Set the model's RoPE for n tokens to rope(n) (a scaling dict, or None: native); rope None keeps the model's
+    own. The benches' one way to change RoPE between lengths."""
+    if rope is not None:
+        from ..models import set_rope_scaling
+
+        set_rope_scaling(model, rope(n))
+
+
 def _haystack(tok, task: str, haystack: str | None):
     """(filler ids, word pool) of a task's haystack: a texts corpus by name, else the licence texts."""
     from ..workloads.texts import corpus
@@ -166,7 +175,7 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
     task: one of TASKS; haystack: a texts corpus name (None: the licence texts); configs: extra named CRISP
     configs usable as methods; rope: n → rope scaling dict or None, applied before each length (None: the
     model's own; "auto": models.rope_for, YaRN past the native context); perplexity_text: a texts corpus for perplexity (None: the licence tail)."""
-    from ..models import load_model, rope_for, set_rope_scaling
+    from ..models import load_model, rope_for
     from ..workloads.texts import corpus
 
     check_arguments(lengths, depths, trials, methods, task=task, configs=configs)
@@ -183,8 +192,7 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
     salt = TASKS.index(task) * 7919
     cells = []
     for n in lengths:
-        if rope is not None:
-            set_rope_scaling(model, rope(n))
+        use_rope(model, rope, n)
         for depth in depths:
             per = {m: {"correct": 0, "lost": 0, "gained": 0, "loglik": 0.0, "kl": 0.0} for m in methods}
             for t in range(trials):
@@ -221,8 +229,7 @@ def run_accuracy(lengths=(2048, 4096, 8192), depths=(0.0, 0.25, 0.5, 0.75, 1.0),
         text = held_out_text() if perplexity_text is None else corpus(perplexity_text)
         held = tok(text, return_tensors="pt").input_ids[0]
         for n in lengths:
-            if rope is not None:
-                set_rope_scaling(model, rope(n))
+            use_rope(model, rope, n)
             ids = held.repeat(-(-n // held.numel()))[:n][None].to(dev)
             for m in methods:
                 use_method(model, m, base, configs)

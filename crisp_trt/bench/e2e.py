@@ -82,15 +82,13 @@ def run_ttft(model, tok, lengths, methods=("dense", "crisp"), configs: dict | No
     """Whole-model TTFT per length: every method (accuracy's names: dense = SDPA, crisp, flexprefill, or a
     name in `configs`) on the same prompt of real text (a texts corpus), in the same process; rows with
     ttft_<method>_ms and speedup_<method> (dense's over the method's)."""
-    from ..models import set_rope_scaling
     from ..workloads.real import text_ids
-    from .accuracy import use_method
+    from .accuracy import use_method, use_rope
 
     base = base or CrispConfig()
     rows = []
     for n in lengths:
-        if rope is not None:
-            set_rope_scaling(model, rope(n))
+        use_rope(model, rope, n)
         ids = text_ids(tok, n, source=source).to(model.device)
         row = {"length": n, "source": source}
         for m in methods:

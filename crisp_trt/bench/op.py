@@ -220,16 +220,15 @@ def run_real_model(model, tok, lengths, sources=("code",), methods=("dense_cudnn
     layers (its "layers" says how many): ms (sum), speedup_vs_cudnn (sum of cuDNN's over the sum), density / error / recall / oracle error
     (means over layers), max_error. cuDNN is timed once per n (the shape is every layer's). rope(n) → the
     rope scaling to use at n (None: native)."""
-    from ..models import set_rope_scaling
     from ..workloads.real import capture, text_ids
+    from .accuracy import use_rope
 
     base = base or CrispConfig()
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype if device.type == "cuda" else torch.float32
     gpu, rows = gpu_name(device), []
     for n in lengths:
-        if rope is not None:
-            set_rope_scaling(model, rope(n))
+        use_rope(model, rope, n)
         dense_ms: dict = {}
         for source in sources:
             grabbed = capture(model, text_ids(tok, n, source=source), layers, out_device=device, dtype=dtype)
