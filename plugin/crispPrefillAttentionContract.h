@@ -40,7 +40,7 @@ inline int64_t crispPow2(int64_t x) noexcept
     return p;
 }
 
-//! The plugin's fields (CrispConfig's, then the head counts) with CrispConfig's defaults.
+//! The plugin's fields (CrispConfig's, the head counts, the optional ones) with CrispConfig's defaults.
 struct CrispParams
 {
     int32_t blockSize{128};
@@ -61,6 +61,8 @@ struct CrispParams
     int32_t numHeads{0};
     int32_t numKvHeads{0};
     int32_t headDim{0};
+    int32_t chunked{0};
+    int32_t returnLse{0};
 
     int64_t window() const noexcept
     {
@@ -108,7 +110,11 @@ struct CrispParams
     X(num_heads, numHeads, kINT32) \
     X(num_kv_heads, numKvHeads, kINT32) \
     X(head_dim, headDim, kINT32) \
+    X(chunked, chunked, kINT32) \
+    X(return_lse, returnLse, kINT32) \
 
+//! Fields 0 .. kCRISP_NB_REQUIRED_FIELDS - 1 are required; the rest are optional (default: CrispParams').
+constexpr int32_t kCRISP_NB_REQUIRED_FIELDS = 18;
 
 //! The first range check `p` fails, as "field: expected ...", or an empty string.
 inline std::string crispCheckRanges(CrispParams const& p)
@@ -188,6 +194,14 @@ inline std::string crispCheckRanges(CrispParams const& p)
     if (!((p.headDim == 64 || p.headDim == 128 || p.headDim == 256)))
     {
         return "head_dim: expected 64, 128 or 256";
+    }
+    if (!((p.chunked == 0 || p.chunked == 1)))
+    {
+        return "chunked: expected 0 or 1";
+    }
+    if (!((p.returnLse == 0 || p.returnLse == 1)))
+    {
+        return "return_lse: expected 0 or 1";
     }
     return {};
 }
@@ -357,13 +371,15 @@ struct CrispLaunch
 };
 constexpr int32_t kCRISP_NB_LAUNCHES = 10;
 
-//! The launches in order (crisp_trt/kernels/pipeline.py's), for S sequences of `total` packed tokens.
-inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams const& p, CrispSizes const& z, int64_t S, int64_t total) noexcept
+//! The launches in order (crisp_trt/kernels/pipeline.py's), for S sequences of `total` packed query tokens
+//! and `totalK` packed key tokens.
+inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams const& p, CrispSizes const& z, int64_t S, int64_t total, int64_t totalK) noexcept
 {
     int64_t const H = p.numHeads;
     int64_t const HK = p.numKvHeads;
     int64_t const D = p.headDim;
     (void) total;
+    (void) totalK;
     (void) HK;
     (void) D;
     return {{
@@ -375,7 +391,7 @@ inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams 
         {"route_jsd", {H, S, 1}, (p.routing == "jsd")},
         {"select", {crispCdiv(z.nb, kCRISP_QG), H, S}, true},
         {"attend", {z.nb, H, S}, true},
-        {"poison_scan", {crispCdiv(crispMax(((total * H) * D), 1), kCRISP_ELEMS), 3, 1}, true},
+        {"poison_scan", {crispCdiv(crispMax((crispMax((total * H), (totalK * HK)) * D), 1), kCRISP_ELEMS), 3, 1}, true},
         {"poison_apply", {crispCdiv(crispMax(((total * H) * D), 1), kCRISP_ELEMS), 1, 1}, true},
     }};
 }
@@ -390,7 +406,7 @@ struct CrispArg
     float real;
 };
 
-//! The op's tensors of one enqueue.
+//! The op's tensors of one enqueue (cuSeqlensK = cuSeqlens for whole prompts; lse may be null).
 struct CrispTensors
 {
     void const* q;
@@ -398,13 +414,15 @@ struct CrispTensors
     void const* v;
     void* out;
     void const* cuSeqlens;
+    void const* cuSeqlensK;
+    void* lse;
 };
-constexpr int32_t kCRISP_NB_ARGS = 65;
+constexpr int32_t kCRISP_NB_ARGS = 69;
 
 //! Every kernel argument of one enqueue, by name: the tensors, the workspace buffers, Triton's hidden
 //! pointers (null), the scalars and the variant constexprs (contract.py's tables).
 inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p, CrispSizes const& z, CrispWorkspaceLayout const& w,
-    char* workspace, CrispTensors const& t, int64_t S, int64_t total) noexcept
+    char* workspace, CrispTensors const& t, int64_t S, int64_t total, int64_t totalK) noexcept
 {
     int64_t const H = p.numHeads;
     int64_t const HK = p.numKvHeads;
@@ -415,6 +433,8 @@ inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p
         {"v_ptr", CrispParamType::kPOINTER, t.v, 0, 0.F},
         {"o_ptr", CrispParamType::kPOINTER, t.out, 0, 0.F},
         {"cu_ptr", CrispParamType::kPOINTER, t.cuSeqlens, 0, 0.F},
+        {"cu_k_ptr", CrispParamType::kPOINTER, t.cuSeqlensK, 0, 0.F},
+        {"lse_ptr", CrispParamType::kPOINTER, t.lse, 0, 0.F},
         {"part_m_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_PART_M], 0, 0.F},
         {"part_l_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_PART_L], 0, 0.F},
         {"vsum_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_VSUM], 0, 0.F},
@@ -449,6 +469,8 @@ inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p
         {"coverage", CrispParamType::kFLOAT32, nullptr, 0, static_cast<float>(p.coverage)},
         {"steps", CrispParamType::kINT32, nullptr, static_cast<int64_t>(p.kappaSteps()), 0.F},
         {"total", CrispParamType::kINT32, nullptr, static_cast<int64_t>(total), 0.F},
+        {"total_k", CrispParamType::kINT32, nullptr, static_cast<int64_t>(totalK), 0.F},
+        {"write_lse", CrispParamType::kINT32, nullptr, static_cast<int64_t>(p.returnLse), 0.F},
         {"seqs", CrispParamType::kINT32, nullptr, static_cast<int64_t>(S), 0.F},
         {"chunk", CrispParamType::kINT32, nullptr, static_cast<int64_t>(z.chunk), 0.F},
         {"dense_below", CrispParamType::kINT32, nullptr, static_cast<int64_t>(crispMax(p.denseBelow, 1)), 0.F},

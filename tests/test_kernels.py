@@ -149,7 +149,7 @@ def test_crisp_cuda_dense_and_poison(device):
     q, k, v = (t[0].half().to(device) for t in synthetic_qkv(300, 4, 2, 64, seed=3))
     cu = torch.tensor([0, 120, 300], dtype=torch.int32, device=device)
     cfg = CrispConfig(block_size=64)
-    out, route, c_struct, dens = crisp_cuda(q, k, v, cu, 180, cfg)  # both below dense_below: dense
+    out, _, route, c_struct, dens = crisp_cuda(q, k, v, cu, 180, cfg)  # both below dense_below: dense
     for a, b in ((0, 120), (120, 300)):
         want = reference.dense_attention(q[a:b].cpu(), k[a:b].cpu(), v[a:b].cpu())
         assert _rel(out[a:b].cpu(), want) < 1e-2
@@ -161,25 +161,29 @@ def test_crisp_cuda_dense_and_poison(device):
     assert torch.isnan(crisp_cuda(q, k, v, bad, 200, cfg)[0]).all()
 
 
-@pytest.mark.parametrize("tau,route", [(0.97, 1), (1.5, 2)])
-def test_pipeline_reads_only_what_it_wrote(device, tau, route):
+@pytest.mark.parametrize("tau,route,chunked", [(0.97, 1, False), (1.5, 2, False), (1.5, 2, True)])
+def test_pipeline_reads_only_what_it_wrote(device, tau, route, chunked):
     """The workspace comes from torch.empty: a plan must not depend on what a previous user left there. The
     same packed batch (varlen, partial last blocks; vertical-slash heads, then block-sparse ones)
     planned and attended over a zeroed, an all-0xFF (NaN floats, -1 ints) and a random-byte workspace gives
     bitwise-equal plans and outputs. On the GPU a second zeroed run first checks that the plan is deterministic
-    at all (estimate's relaxed atomics could reorder a float sum), so a failure after it is a stale read."""
+    at all (estimate's relaxed atomics could reorder a float sum), so a failure after it is a stale read. Chunked:
+    the same keys with the last 170 / 300 queries (query blocks before a chunk are neither pooled nor listed)."""
     from crisp_trt.kernels.pipeline import Stages
 
     cfg = BASE.replace(dense_below=0, tau=tau)
     lens = [450, 700]
-    cu = torch.tensor([0, 450, 1150], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 450, 1150], dtype=torch.int32, device=device)
     q, k, v = (t[0].half().to(device) for t in synthetic_qkv(1150, 4, 2, 64, seed=6))
+    cu = cu_k
+    if chunked:
+        q, cu = torch.cat([q[280:450], q[850:]]), torch.tensor([0, 170, 470], dtype=torch.int32, device=device)
     fills = {"zeroed": lambda m: m.zero_(), "0xFF": lambda m: m.fill_(255), "random bytes": lambda m: m.random_(0, 256)}
     if device == "cuda":  # the interpreter is sequential; on the GPU the order of atomic adds could vary
         fills = {"zeroed": fills["zeroed"], "zeroed again (determinism)": fills["zeroed"], **fills}
     runs = []
     for fill in fills.values():
-        st = Stages(q, k, cu, max(lens), cfg)
+        st = Stages(q, k, cu, max(lens), cfg, cu_k)
         fill(st.memory)
         p = st.plan()
         runs.append((st.attend(v), p))
@@ -191,3 +195,77 @@ def test_pipeline_reads_only_what_it_wrote(device, tau, route):
             assert torch.equal(getattr(p, name), getattr(p0, name)), (what, name)
         valid = torch.arange(p.idx.shape[-1], device=device) < p.counts[..., None]
         assert torch.equal(torch.where(valid, p.idx, -1), torch.where(valid, p0.idx, -1)), what
+
+
+# --- chunked prefill and LSE (queries: the last q_len of each sequence's kv_len positions) -------------------
+
+def _chunks_vs_reference(device, cfg, lens_q, lens_k, heads, kv_heads, d, dtype=torch.float16, seed=8):
+    """Packed chunks through the kernels (plan and crisp_cuda with cu_seqlens_k and the LSE) against
+    reference.crisp_sequence of each chunk: masks of the touched query blocks, route, C_struct, density, rows, LSE."""
+    from crisp_trt.kernels.pipeline import crisp_cuda, masks_from_plan, plan
+
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    qs, k, v = (t[0].to(dtype) for t in synthetic_qkv(int(cu_k[-1]), heads, kv_heads, d, seed=seed))
+    q = torch.cat([qs[int(b) - n: int(b)] for n, b in zip(lens_q, cu_k[1:])])  # each sequence's last rows
+    dev = [t.to(device) for t in (q, k, v, cu_q, cu_k)]
+    p = plan(dev[0], dev[1], dev[3], max(lens_k), cfg, cu_seqlens_k=dev[4])
+    out, lse, route, c_struct, dens = (t.cpu() for t in crisp_cuda(*dev[:4], max(lens_k), cfg, cu_seqlens_k=dev[4],
+                                                                    return_lse=True))
+    assert lse.shape == (q.shape[0], heads) and lse.dtype == torch.float32
+    for s, (q_len, kv_len) in enumerate(zip(lens_q, lens_k)):
+        qa, qb, ka, kb = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s]), int(cu_k[s + 1])
+        if q_len == 0:
+            assert float(dens[s].abs().sum()) == 0 and bool((route[s] == 0).all())
+            continue
+        qf, kf, vf = q[qa:qb].float(), k[ka:kb].float(), v[ka:kb].float()
+        want, w_route, w_c_struct, w_dens, w_lse = reference.crisp_sequence(qf, kf, vf, cfg, return_lse=True)
+        nb, qb0 = reference.num_blocks(kv_len, cfg.block_size), reference.first_block(qf, kf, cfg.block_size)
+        if kv_len >= max(cfg.dense_below, 1):
+            got = masks_from_plan(p, s, nb, torch.arange(qb0, nb)).cpu()
+            want_masks = reference.plan(qf, kf, cfg)[1][:, qb0:]
+            assert (got != want_masks).float().mean() <= 0.005, "selected blocks differ from the reference"
+            assert int(p.counts[s, :, :qb0].abs().sum()) == 0, "a query block before the chunk was listed"
+        assert torch.equal(route[s].long(), w_route.long())
+        assert torch.allclose(c_struct[s], w_c_struct.float(), atol=1e-3)
+        assert torch.allclose(dens[s], w_dens.float(), atol=0.01)
+        assert torch.isfinite(out[qa:qb]).all() and _rel(out[qa:qb], want) < 1e-2
+        assert torch.isfinite(lse[qa:qb]).all() and float((lse[qa:qb] - w_lse).abs().max()) < 2e-2
+
+
+CHUNK_CASES = {  # (config, query lengths, kv lengths): offsets on and off block boundaries, q_len < window, empty
+    "vertical_slash_aligned": (BASE.replace(tau=0.97), [644], [900]),
+    "block_sparse_unaligned": (BASE.replace(tau=1.5), [400, 37], [900, 300]),
+    "varlen_offsets": (BASE.replace(dense_below=256, tau=0.97), [300, 0, 100, 20, 450], [640, 200, 200, 700, 450]),
+    "jsd_window": (BASE.replace(routing="jsd", tau=0.1, last_q=32), [500, 10], [700, 400]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHUNK_CASES))
+def test_chunks_match_reference(device, name):
+    cfg, lens_q, lens_k = CHUNK_CASES[name]
+    _chunks_vs_reference(device, cfg, lens_q, lens_k, 4, 2, 64)
+
+
+def test_chunks_gqa_and_head_dim(device):
+    _chunks_vs_reference(device, BASE.replace(tau=0.97, block_size=128), [200], [600], 6, 2, 128)
+
+
+def test_chunk_dense_equivalent_is_dense_and_poison(device):
+    """kappa 0 keeps every block: any chunk is dense attention of its rows (LSE too); a sequence with more queries
+    than keys, or a bad cu_seqlens_k, poisons the output and the LSE."""
+    from crisp_trt.kernels.pipeline import crisp_cuda
+
+    cfg = CrispConfig(block_size=64, kappa=0.0, coverage=0.0, dense_below=0, max_budget=1 << 20, min_budget=0)
+    qs, k, v = (t[0].half() for t in synthetic_qkv(500, 4, 2, 64, seed=9))
+    q = qs[390:]
+    cu_q, cu_k = torch.tensor([0, 110], dtype=torch.int32), torch.tensor([0, 500], dtype=torch.int32)
+    dev = [t.to(device) for t in (q, k, v, cu_q, cu_k)]
+    out, lse = (t.cpu() for t in crisp_cuda(*dev[:4], 500, cfg, cu_seqlens_k=dev[4], return_lse=True)[:2])
+    want, w_lse = reference.dense_attention(q.float(), k.float(), v.float(), return_lse=True)
+    assert _rel(out, want) < 1e-2 and float((lse - w_lse).abs().max()) < 2e-2
+    for bad in ([0, 100], [0, 499]):  # q_len 110 > kv_len 100; cu_k[-1] != total_k
+        res = crisp_cuda(dev[0], dev[1][:bad[1]] if bad[1] < 110 else dev[1], dev[2][:bad[1]] if bad[1] < 110
+                         else dev[2], dev[3], 500, cfg, cu_seqlens_k=torch.tensor(bad, dtype=torch.int32,
+                                                                                  device=device), return_lse=True)
+        assert torch.isnan(res[0]).all() and torch.isnan(res[1]).all(), bad

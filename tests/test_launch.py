@@ -98,11 +98,11 @@ def test_contract_derived_and_sizes_are_crisp_configs(cfg):
         assert names["kappa_steps"] == len(cfg.kappas()) and names["maxk"] == cfg.max_list(names["nb"])
 
 
-CONTRACT_CASES = [(CrispConfig(), (32, 8, 128), 1, 8192), (CrispConfig(), (32, 8, 128), 1, 131072),
-                  (method_config("crisp_jsd"), (9, 3, 64), 5, 13394),
-                  (CrispConfig(block_size=64, last_q=32, min_budget=0, max_budget=64), (1, 1, 256), 3, 1000),
-                  (method_config("flexprefill"), (32, 8, 128), 1, 524288),
-                  (CrispConfig(coverage=0.0, sink_tokens=0), (64, 64, 64), 64, 1 << 20)]
+CONTRACT_CASES = [(CrispConfig(), (32, 8, 128), 1, 8192, 1), (CrispConfig(), (32, 8, 128), 1, 131072, 16),
+                  (method_config("crisp_jsd"), (9, 3, 64), 5, 13394, 1),
+                  (CrispConfig(block_size=64, last_q=32, min_budget=0, max_budget=64), (1, 1, 256), 3, 1000, 4),
+                  (method_config("flexprefill"), (32, 8, 128), 1, 524288, 1),
+                  (CrispConfig(coverage=0.0, sink_tokens=0), (64, 64, 64), 64, 1 << 20, 1)]
 
 
 def _cpp_value(value) -> str:
@@ -130,25 +130,29 @@ def test_contract_header_computes_what_python_does(tmp_path):
         pytest.skip("g++ is needed to compile the generated header")
     (tmp_path / "crispPrefillAttentionContract.h").write_text(aot.render_contract())
     body, expected = [], []
-    for cfg, (h, hk, d), seqs, tokens in CONTRACT_CASES:
-        total = tokens * seqs
-        body.append("{ CrispParams p; " + _set_params({**cfg.to_dict(), **contract.dims(1, h, hk, d)})
+    for cfg, (h, hk, d), seqs, tokens, chunk in CONTRACT_CASES:
+        total, total_k = tokens * seqs // chunk, tokens * seqs  # chunk > 1: queries are a part of the keys
+        lse = int(chunk > 1)
+        body.append("{ CrispParams p; " + _set_params({**cfg.to_dict(), **contract.dims(1, h, hk, d),
+                                                       "chunked": lse, "return_lse": lse})
                     + f"CrispSizes z = crispSizes(p, {tokens}); "
                     f"CrispWorkspaceLayout w = crispWorkspaceLayout(p, {seqs}, {tokens}); "
                     'std::printf("sizes"); for (int64_t x : {z.nb, z.chunk, z.nch, z.nchCap, z.maxc, z.maxd, '
                     'z.maxk, z.routeChunk}) std::printf(" %lld", (long long) x); std::printf("\\n"); '
                     'std::printf("layout"); for (size_t o : w.offset) std::printf(" %zu", o); '
                     'std::printf(" %zu %zu\\n", w.zeroedBytes, w.total); '
-                    f"for (auto const& l : crispLaunchOrder(p, z, {seqs}, {total})) if (l.enabled) "
+                    f"for (auto const& l : crispLaunchOrder(p, z, {seqs}, {total}, {total_k})) if (l.enabled) "
                     'std::printf("launch %s %lld %lld %lld\\n", l.stage, (long long) l.grid[0], '
                     "(long long) l.grid[1], (long long) l.grid[2]); "
                     f"char* base = nullptr; for (auto const& a : crispLaunchArgs(p, z, w, base + 0, "
-                    f"CrispTensors{{nullptr, nullptr, nullptr, nullptr, nullptr}}, {seqs}, {total})) "
+                    f"CrispTensors{{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}}, {seqs}, {total}, "
+                    f"{total_k})) "
                     'if (a.type == CrispParamType::kINT32) std::printf("arg %s %lld\\n", a.name, (long long) a.integer); '
                     'else if (a.type == CrispParamType::kFLOAT32) std::printf("arg %s %.9g\\n", a.name, (double) a.real); '
                     'else std::printf("arg %s %zu\\n", a.name, (size_t) ((char const*) a.pointer - base)); }')
         z, ws = launch.workspace(seqs, h, hk, d, cfg, tokens)
-        names = {**contract.names_of(cfg, **contract.dims(seqs, h, hk, d, total), max_seqlen=tokens), **vars(z)}
+        names = {**contract.names_of(cfg, **contract.dims(seqs, h, hk, d, total, total_k), max_seqlen=tokens,
+                                     chunked=lse, return_lse=lse), **vars(z)}
         expected.append("sizes " + " ".join(str(v) for v in vars(z).values()))
         expected.append("layout " + " ".join(str(o) for o, _, _ in ws.layout.values()) + f" {ws.zeroed} {ws.size}")
         for stage, grid, cond in contract.LAUNCHES:
@@ -161,7 +165,8 @@ def test_contract_header_computes_what_python_does(tmp_path):
         expected += [f"arg {n} {int(contract.evaluate(e, names))}" for n, e in contract.INT_ARGS.items()]
     heads = contract.dims(1, 32, 8, 128)
     for changes in [*_probes(), {"num_heads": 0}, {"num_heads": 1025}, {"num_kv_heads": 3}, {"num_kv_heads": 64},
-                    {"head_dim": 96}, {"head_dim": 256}]:
+                    {"head_dim": 96}, {"head_dim": 256}, {"chunked": 1}, {"chunked": 2}, {"return_lse": 1},
+                    {"return_lse": -1}]:
         values = {**CrispConfig().to_dict(), **heads, **changes}
         body.append("{ CrispParams p; " + _set_params(values) + 'std::printf("check %s\\n", crispCheckRanges(p).c_str()); }')
         expected.append(f"check {contract.check(values)}".rstrip())
@@ -193,6 +198,9 @@ def test_direct_launch_equals_the_jit_and_keys_on_alignment():
     dev = [t.cuda() for t in (q, k, v, cu, idx, counts, dense)]
     first = launch_attend(*dev, block=block).float().cpu()
     again = launch_attend(*dev, block=block).float().cpu()
+    lse = torch.empty(n, heads, device="cuda")
+    with_lse = launch_attend(*dev, block=block, lse=lse).float().cpu()  # the LSE's store does not touch the output
+    assert torch.equal(with_lse, first) and torch.isfinite(lse).all()
     assert torch.equal(first, again)
     shifted = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)
     shifted.copy_(dev[0])
@@ -225,4 +233,7 @@ def test_opcheck_on_cuda():
 
     q, k, v = (t[0].to("cuda", torch.bfloat16) for t in synthetic_qkv(2000, 4, 2, 64, seed=5))
     cu = torch.tensor([0, 2000], dtype=torch.int32, device="cuda")
-    torch.library.opcheck(_prefill_attention, (q, k, v, cu, 2000, json.dumps(CrispConfig(dense_below=0).to_dict())))
+    config = json.dumps(CrispConfig(dense_below=0).to_dict())
+    torch.library.opcheck(_prefill_attention, (q, k, v, cu, cu, 2000, config, False))
+    cu_q = torch.tensor([0, 700], dtype=torch.int32, device="cuda")  # a chunk: the last 700 of 2000, with its LSE
+    torch.library.opcheck(_prefill_attention, (q[1300:].contiguous(), k, v, cu_q, cu, 2000, config, True))

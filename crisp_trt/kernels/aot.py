@@ -55,7 +55,7 @@ AXES = {"BLOCK": (64, 128), "L": (16, 32, 64, 128), "C": tuple(16 << i for i in 
         "MIN_TOP": (False, True)}  # flags are bools, as the torch launcher passes them
 ELEMENT = {"q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "o_ptr": "T",
            "keep_c_ptr": "i8", "keep_o_ptr": "i8", "keep_d_ptr": "i8",
-           "cu_ptr": "i32", "idx_ptr": "i32", "cnt_ptr": "i32", "dense_ptr": "i32", "cols_ptr": "i32",
+           "cu_ptr": "i32", "cu_k_ptr": "i32", "idx_ptr": "i32", "cnt_ptr": "i32", "dense_ptr": "i32", "cols_ptr": "i32",
            "ncols_ptr": "i32", "dists_ptr": "i32", "ndists_ptr": "i32", "route_ptr": "i32", "counts_ptr": "i32",
            "flag_ptr": "i32"}  # every other pointer: fp32
 FLOATS = tuple(contract.FLOAT_ARGS)
@@ -254,7 +254,7 @@ def cpp(expr: str, name) -> str:
 
 def _namer(params: str = "p.", sizes: str = "z.", dims: bool = True):
     """Identifier → C++: constants kCRISP_*, fields params+member, derived params+member(), sizes sizes+member,
-    and (dims) the locals S, H, HK, D, total, maxSeqlen."""
+    and (dims) the locals S, H, HK, D, total, totalK, maxSeqlen."""
     fields = {f for f, _ in contract.FIELDS}
 
     def name(n: str) -> str:
@@ -268,6 +268,8 @@ def _namer(params: str = "p.", sizes: str = "z.", dims: bool = True):
             return sizes + camel(n)
         if dims and n in ("S", "H", "HK", "D", "total"):
             return n
+        if dims and n == "total_k":
+            return "totalK"
         if n == "max_seqlen":
             return "maxSeqlen"
         raise ValueError(f"contract: unknown name {n!r}")
@@ -289,7 +291,7 @@ def render_contract() -> str:
     """The C++ header of contract.py's tables: CrispParams (fields, defaults, derived quantities), the field
     X-macro, the range checks, crispSizes, the workspace layout, the launch order and the launch arguments."""
     from ..config import CrispConfig
-    defaults = {**CrispConfig().to_dict(), "num_heads": 0, "num_kv_heads": 0, "head_dim": 0}
+    defaults = {**CrispConfig().to_dict(), "num_heads": 0, "num_kv_heads": 0, "head_dim": 0, **contract.OPTIONAL}
     fields = {f for f, _ in contract.FIELDS}
     member = lambda n: camel(n) if n in fields else f"{camel(n)}()"  # noqa: E731 (inside CrispParams)
     inner = _namer(params="")
@@ -306,7 +308,7 @@ def render_contract() -> str:
           "//! The next power of two >= x, at least 16.",
           "inline int64_t crispPow2(int64_t x) noexcept", "{", "    int64_t p = 16;", "    while (p < x)", "    {",
           "        p *= 2;", "    }", "    return p;", "}", "",
-          "//! The plugin's fields (CrispConfig's, then the head counts) with CrispConfig's defaults.",
+          "//! The plugin's fields (CrispConfig's, the head counts, the optional ones) with CrispConfig's defaults.",
           "struct CrispParams", "{"]
     L += [f"    {_CPP_TYPES[t]} {camel(f)}{{{_default(defaults[f])}}};" for f, t in contract.FIELDS]
     for n, expr in contract.DERIVED.items():
@@ -316,7 +318,9 @@ def render_contract() -> str:
     L += ["};", "", "//! X(name, member, type) for every field, in order (type: kINT32, kFLOAT32 or kCHAR).",
           "#define CRISP_FIELDS(X) \\"]
     L += [f"    X({f}, {camel(f)}, k{t}) \\" for f, t in contract.FIELDS]
-    L += ["", "", "//! The first range check `p` fails, as \"field: expected ...\", or an empty string.",
+    L += ["", "//! Fields 0 .. kCRISP_NB_REQUIRED_FIELDS - 1 are required; the rest are optional (default: CrispParams').",
+          f"constexpr int32_t kCRISP_NB_REQUIRED_FIELDS = {contract.REQUIRED_FIELDS};",
+          "", "//! The first range check `p` fails, as \"field: expected ...\", or an empty string.",
           "inline std::string crispCheckRanges(CrispParams const& p)", "{"]
     for field, predicate, expected in contract.CHECKS:
         L += [f"    if (!{cpp(predicate, _namer())})", "    {",
@@ -361,11 +365,12 @@ def render_contract() -> str:
           "//! One launch of the pipeline: its stage (kernel name less _kernel), grid, and whether it runs.",
           "struct CrispLaunch", "{", "    char const* stage;", "    int64_t grid[3];", "    bool enabled;", "};",
           f"constexpr int32_t kCRISP_NB_LAUNCHES = {len(contract.LAUNCHES)};", "",
-          "//! The launches in order (crisp_trt/kernels/pipeline.py's), for S sequences of `total` packed tokens.",
+          "//! The launches in order (crisp_trt/kernels/pipeline.py's), for S sequences of `total` packed query tokens",
+          "//! and `totalK` packed key tokens.",
           "inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams const& p, "
-          "CrispSizes const& z, int64_t S, int64_t total) noexcept", "{", "    int64_t const H = p.numHeads;",
-          "    int64_t const HK = p.numKvHeads;", "    int64_t const D = p.headDim;", "    (void) total;",
-          "    (void) HK;", "    (void) D;", "    return {{"]
+          "CrispSizes const& z, int64_t S, int64_t total, int64_t totalK) noexcept", "{",
+          "    int64_t const H = p.numHeads;", "    int64_t const HK = p.numKvHeads;", "    int64_t const D = p.headDim;",
+          "    (void) total;", "    (void) totalK;", "    (void) HK;", "    (void) D;", "    return {{"]
     for stage, grid, cond in contract.LAUNCHES:
         L.append(f"        {{{_c_string(stage)}, {{{', '.join(cpp(g, _namer()) for g in grid)}}}, "
                  f"{cpp(cond, _namer())}}},")
@@ -373,16 +378,18 @@ def render_contract() -> str:
     L += ["    }};", "}", "", "//! A kernel argument by parameter name (a cubin's variant constexprs are matched by "
           "name too).", "struct CrispArg", "{", "    char const* name;", "    CrispParamType type;",
           "    void const* pointer;", "    int64_t integer;", "    float real;", "};",
-          "", "//! The op's tensors of one enqueue.", "struct CrispTensors", "{", "    void const* q;",
-          "    void const* k;", "    void const* v;", "    void* out;", "    void const* cuSeqlens;", "};",
+          "", "//! The op's tensors of one enqueue (cuSeqlensK = cuSeqlens for whole prompts; lse may be null).",
+          "struct CrispTensors", "{", "    void const* q;", "    void const* k;", "    void const* v;", "    void* out;",
+          "    void const* cuSeqlens;", "    void const* cuSeqlensK;", "    void* lse;", "};",
           f"constexpr int32_t kCRISP_NB_ARGS = {len(args) + len(contract.HIDDEN_POINTERS) + len(contract.FLOAT_ARGS) + len(contract.INT_ARGS)};",
           "", "//! Every kernel argument of one enqueue, by name: the tensors, the workspace buffers, Triton's hidden",
           "//! pointers (null), the scalars and the variant constexprs (contract.py's tables).",
           "inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p, CrispSizes const& z, "
-          "CrispWorkspaceLayout const& w,", "    char* workspace, CrispTensors const& t, int64_t S, int64_t total) "
-          "noexcept", "{", "    int64_t const H = p.numHeads;", "    int64_t const HK = p.numKvHeads;",
+          "CrispWorkspaceLayout const& w,", "    char* workspace, CrispTensors const& t, int64_t S, int64_t total, "
+          "int64_t totalK) noexcept", "{", "    int64_t const H = p.numHeads;", "    int64_t const HK = p.numKvHeads;",
           "    int64_t const D = p.headDim;", "    return {{"]
-    tensors = {"q": "t.q", "k": "t.k", "v": "t.v", "out": "t.out", "cu_seqlens": "t.cuSeqlens"}
+    tensors = {"q": "t.q", "k": "t.k", "v": "t.v", "out": "t.out", "cu_seqlens": "t.cuSeqlens",
+               "cu_seqlens_k": "t.cuSeqlensK", "lse": "t.lse"}
     for param, target in contract.INPUT_POINTERS.items():
         L.append(f"        {{{_c_string(param)}, CrispParamType::kPOINTER, {tensors[target]}, 0, 0.F}},")
     for param, buffer in contract.BUFFER_POINTERS.items():

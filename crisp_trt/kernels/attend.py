@@ -3,7 +3,10 @@
 One program per (query block, head, sequence). It walks the off-diagonal key blocks listed in
 idx[s, h, qb, :counts[s, h, qb]] (or, for a sequence flagged dense, every block kb < qb), then the
 diagonal block with the causal mask, with an fp32 online softmax (exp2). GQA reads kv head h // G
-directly (K/V are never repeated); varlen via cu_seqlens (programs past a sequence's end exit).
+directly (K/V are never repeated); varlen via cu_seqlens (programs past a sequence's end exit). Chunks: a
+sequence's queries (cu_seqlens) are the last q_len of its kv_len keys (cu_seqlens_k); query blocks are absolute
+and programs of blocks before the chunk exit. With write_lse ≠ 0 each row's log-sum-exp (natural log) of
+the scaled logits goes to lse [total_q, H] f32: (m + log2 l) · ln 2, m and l the exp2-domain running max and sum.
 """
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .bounds import seq_bounds
-from .launch import kernel, run
+from .bounds import chunk_bounds
+from .launch import kernel, or_unused, run
 
 
 @triton.jit
@@ -57,21 +60,24 @@ def _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, qb, k
 
 
 @kernel
-def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale, total, H, G, NQB, MAXK,
-                  BLOCK: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr):
+def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_ptr, cu_k_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale,
+                  total, total_k, write_lse, H, G, NQB, MAXK, BLOCK: tl.constexpr, D: tl.constexpr,
+                  INTERPRET: tl.constexpr):
     qb = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    start, n = seq_bounds(cu_ptr, s, total, NQB * BLOCK)
-    if qb * BLOCK >= n:
+    q_start, q_len, start, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NQB * BLOCK)
+    first = n - q_len  # the chunk's first position
+    if (qb * BLOCK >= n) | (qb * BLOCK + BLOCK <= first):
         return
     hk = h // G
     HK = H // G
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
     q_pos = qb * BLOCK + rows
-    q_ok = q_pos < n
-    q_off = ((start + q_pos).to(tl.int64) * H + h) * D
+    q_ok = (q_pos >= first) & (q_pos < n)
+    q_row = (q_start - first + q_pos).to(tl.int64) * H + h
+    q_off = q_row * D
     q = tl.load(q_ptr + q_off[:, None] + cols[None, :], mask=q_ok[:, None], other=0.0)
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -98,15 +104,22 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, idx_ptr, cnt_ptr, dense_pt
                                   v_ptr + kv_off[:, None] + cols[None, :], k_pos < n, causal, qk_scale, True)
     out = acc / l_i[:, None]
     tl.store(o_ptr + q_off[:, None] + cols[None, :], out.to(o_ptr.dtype.element_ty), mask=q_ok[:, None])
+    if write_lse != 0:
+        tl.store(lse_ptr + q_row, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=q_ok)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, idx: torch.Tensor,
-           counts: torch.Tensor, dense: torch.Tensor, block: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Launch attend. q [total, H, d], k, v [total, Hkv, d]; idx [S, H, NQB, MAXK] int32 (off-diagonal
-    key blocks), counts [S, H, NQB] int32, dense [S] int32 (1: every causal block). Grid (NQB, H, S)."""
+           counts: torch.Tensor, dense: torch.Tensor, block: int, out: torch.Tensor | None = None,
+           cu_seqlens_k: torch.Tensor | None = None, lse: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch attend. q [total_q, H, d], k, v [total_k, Hkv, d] (cu_seqlens_k; default: cu_seqlens, whole
+    prompts); idx [S, H, NQB, MAXK] int32 (off-diagonal key blocks of absolute query blocks), counts [S, H, NQB]
+    int32, dense [S] int32 (1: every causal block); lse: f32 [total_q, H] to write the LSE into, or None.
+    Grid (NQB, H, S)."""
     total, heads, d = q.shape
     seqs, _, nqb, maxk = idx.shape
     out = torch.empty_like(q) if out is None else out
-    run(attend_kernel, (nqb, heads, seqs), q, k, v, out, cu_seqlens, idx, counts, dense, 1.0 / math.sqrt(d), total,
-        heads, heads // k.shape[1], nqb, maxk, block=block, d=d, BLOCK=block, D=d)
+    cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
+    run(attend_kernel, (nqb, heads, seqs), q, k, v, out, or_unused(lse, q), cu_seqlens, cu_k, idx, counts, dense,
+        1.0 / math.sqrt(d), total, k.shape[0], int(lse is not None), heads, heads // k.shape[1], nqb, maxk,
+        block=block, d=d, BLOCK=block, D=d)
     return out

@@ -4,10 +4,10 @@ Both sides need the same facts: the plugin's fields and their ranges, the sizes 
 layout, the launch order with grids, and every kernel argument by name. They are written here as expressions
 in a small syntax both languages read — integers and floats, + - * /, &, comparisons, `and` / `or` / `not`,
 `x if c else y`, `in (...)` and the functions cdiv, fdiv, min, max, pow2, sqrt, isfinite — over the names
-of a launch (the config's fields, DERIVED, SIZES, the dims S / H / HK / D / total, CONSTANTS). Python evaluates
+of a launch (the config's fields, DERIVED, SIZES, the dims S / H / HK / D / total / total_k, CONSTANTS). Python evaluates
 them (`evaluate`; launch.Sizes and launch.buffers are built from them); `aot.render_contract` translates them
 into plugin/crispPrefillAttentionContract.h, which the plugin's C++ includes instead of a hand copy.
-tests/test_contract.py fails when that header is stale or when a table drifts from CrispConfig or from the
+tests/test_launch.py fails when that header is stale or when a table drifts from CrispConfig or from the
 launches the torch op really makes.
 """
 from __future__ import annotations
@@ -31,13 +31,21 @@ CONSTANTS = {
     "ROUTE_CHUNK_MAX": 1024,   # widest route chunk
 }
 
-# The plugin's fields, in order: CrispConfig's, then the head counts. (name, type: INT32 / FLOAT32 / CHAR).
+# The plugin's fields, in order: CrispConfig's, the head counts, then the OPTIONAL ones (name, type: INT32 / FLOAT32
+# / CHAR). A field set without the optional fields (the 18 of the first plugin) means their defaults, and a plugin
+# serialises an optional field only when it differs from its default, so such a set round-trips byte for byte.
+OPTIONAL = {
+    "chunked": 0,  # 1: a fifth input cu_seqlens_k (k, v hold the sequences' keys; q their last q_len positions)
+    "return_lse": 0,  # 1: a second output, the LSE [tokens, num_heads] f32
+}
 FIELDS = tuple((f, "CHAR" if isinstance(v, str) else "FLOAT32" if isinstance(v, float) else "INT32")
                for f, v in CrispConfig().to_dict().items()) + (
-    ("num_heads", "INT32"), ("num_kv_heads", "INT32"), ("head_dim", "INT32"))
+    ("num_heads", "INT32"), ("num_kv_heads", "INT32"), ("head_dim", "INT32")) + tuple(
+    (f, "INT32") for f in OPTIONAL)
+REQUIRED_FIELDS = len(FIELDS) - len(OPTIONAL)
 
 # Range checks in order: (field, predicate, what is expected). The first that fails names its field. They
-# restate CrispConfig.__post_init__ (tests/test_contract.py probes both at every boundary).
+# restate CrispConfig.__post_init__ (tests/test_launch.py probes both at every boundary).
 CHECKS = (
     ("block_size", "block_size in (64, 128)", "64 or 128"),
     ("last_q", "last_q == 0 or (16 <= last_q <= block_size and (last_q & (last_q - 1)) == 0)",
@@ -60,6 +68,8 @@ CHECKS = (
     ("num_kv_heads", "1 <= num_kv_heads <= num_heads and num_heads % num_kv_heads == 0",
      "an int in [1, num_heads] that divides num_heads"),
     ("head_dim", "head_dim in (64, 128, 256)", "64, 128 or 256"),
+    ("chunked", "chunked in (0, 1)", "0 or 1"),
+    ("return_lse", "return_lse in (0, 1)", "0 or 1"),
 )
 
 # Block quantities of a config (CrispConfig's properties: window, sink_blocks, ...; tested equal).
@@ -123,12 +133,14 @@ LAUNCHES = (
     ("route_jsd", ("H", "S", "1"), "routing == 'jsd'"),
     ("select", ("cdiv(nb, QG)", "H", "S"), "True"),
     ("attend", ("nb", "H", "S"), "True"),
-    ("poison_scan", ("cdiv(max(total * H * D, 1), ELEMS)", "3", "1"), "True"),
+    ("poison_scan", ("cdiv(max(max(total * H, total_k * HK) * D, 1), ELEMS)", "3", "1"), "True"),
     ("poison_apply", ("cdiv(max(total * H * D, 1), ELEMS)", "1", "1"), "True"),
 )
 
 # Kernel pointer parameters: the op's inputs and output, or a workspace buffer.
-INPUT_POINTERS = {"q_ptr": "q", "k_ptr": "k", "v_ptr": "v", "o_ptr": "out", "cu_ptr": "cu_seqlens"}
+# cu_k_ptr: cu_seqlens_k of a chunked plugin, else cu_seqlens again; lse_ptr: the LSE output, or NULL (write_lse = 0).
+INPUT_POINTERS = {"q_ptr": "q", "k_ptr": "k", "v_ptr": "v", "o_ptr": "out", "cu_ptr": "cu_seqlens",
+                  "cu_k_ptr": "cu_seqlens_k", "lse_ptr": "lse"}
 BUFFER_POINTERS = {
     "part_m_ptr": "part_m", "part_l_ptr": "part_l", "vsum_ptr": "vsum", "vmax_ptr": "vmax", "ssum_ptr": "ssum",
     "smax_ptr": "smax", "s_ptr": "s_mass", "pq_ptr": "pooled_q", "pk_ptr": "pooled_k", "keep_c_ptr": "columns",
@@ -141,7 +153,7 @@ HIDDEN_POINTERS = ("global_scratch", "profile_scratch")  # Triton 3.6's trailing
 FLOAT_ARGS = {"sm_scale": "1.0 / sqrt(D)", "kappa": "kappa", "quantile": "floor_quantile", "gamma": "gamma",
               "tau": "tau", "coverage": "coverage"}
 INT_ARGS = {
-    "steps": "kappa_steps", "total": "total", "seqs": "S", "chunk": "chunk", "dense_below": "max(dense_below, 1)",
+    "steps": "kappa_steps", "total": "total", "total_k": "total_k", "write_lse": "return_lse", "seqs": "S", "chunk": "chunk", "dense_below": "max(dense_below, 1)",
     "min_blocks": "min_blocks", "max_blocks": "max_blocks", "H": "H", "G": "fdiv(H, HK)", "HK": "HK", "NB": "nb",
     "NQB": "nb", "NCH": "nch", "MAXK": "maxk", "MAXC": "maxc", "MAXD": "maxd", "SINK": "sink_blocks",
     "LOCAL": "local_blocks", "SAMPLES": "floor_samples", "q_width": "H * D", "kv_width": "HK * D",
@@ -170,8 +182,9 @@ def evaluate(expr: str, names: dict):
 
 
 def names_of(cfg: CrispConfig, **more) -> dict:
-    """A config's fields and DERIVED quantities, plus `more` (dims, max_seqlen, ...)."""
-    names = {**cfg.to_dict(), **more}
+    """A config's fields, the OPTIONAL fields' defaults and DERIVED quantities, plus `more` (dims, max_seqlen,
+    return_lse, ...)."""
+    names = {**OPTIONAL, **cfg.to_dict(), **more}
     for name, expr in DERIVED.items():
         names[name] = evaluate(expr, names)
     return names
@@ -186,13 +199,17 @@ def sizes(cfg: CrispConfig, max_seqlen: int) -> dict:
     return out
 
 
-def dims(seqs: int, heads: int, kv_heads: int, d: int, total: int = 0) -> dict:
-    return {"S": seqs, "H": heads, "HK": kv_heads, "D": d, "total": total, "num_heads": heads,
-            "num_kv_heads": kv_heads, "head_dim": d}
+def dims(seqs: int, heads: int, kv_heads: int, d: int, total: int = 0, total_k: int | None = None) -> dict:
+    """The dims of a launch (total_k: the keys' tokens, default total) and the head-count fields."""
+    return {"S": seqs, "H": heads, "HK": kv_heads, "D": d, "total": total,
+            "total_k": total if total_k is None else total_k, "num_heads": heads, "num_kv_heads": kv_heads,
+            "head_dim": d}
 
 
 def check(values: dict) -> str:
-    """The first failing CHECKS entry as `field: expected ...`, or "" (values: the fields by name)."""
+    """The first failing CHECKS entry as `field: expected ...`, or "" (values: the fields by name; OPTIONAL ones
+    default)."""
+    values = {**OPTIONAL, **values}
     for field, predicate, expected in CHECKS:
         if not evaluate(predicate, values):
             return f"{field}: expected {expected}"

@@ -9,38 +9,41 @@ long sequences fill the GPU (grid (NCH, H, S)):
                            and each sub-tile's diagonals are read by one [L, W] gather at column
                            (i + e) mod W, split by wrap count, so nothing spills ([L, 2B] gathers did).
   slash_reduce_kernel      s[o] → ssum/smax per offset block
-Semantics: reference.estimate (the last block's padding counts as zero mass). Sequences shorter than
-dense_below are skipped (route marks them dense).
+Semantics: reference.estimate (the last block's padding counts as zero mass). A chunk's window is its last
+min(L, q_len) queries, at the sequence's last positions, against all kv_len keys. Sequences whose kv_len is
+below dense_below are skipped (route marks them dense).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .bounds import seq_bounds
+from .bounds import chunk_bounds
 from .launch import kernel
 
 
 @triton.jit
-def _chunk(cu_ptr, chunk, dense_below, total, NCH, BLOCK: tl.constexpr):
-    """This program's key-block chunk c, head h and sequence s of grid (NCH, H, S), the sequence's start,
-    length and blocks, and whether it is idle (a dense sequence, or one that ends before chunk c)."""
+def _chunk(cu_ptr, cu_k_ptr, chunk, dense_below, total, total_k, NCH, BLOCK: tl.constexpr):
+    """This program's key-block chunk c, head h and sequence s of grid (NCH, H, S), the sequence's query start and
+    count, key start and count (kv_len) and key blocks, and whether it is idle (a dense sequence, or one that
+    ends before chunk c)."""
     c = tl.program_id(0)
     s = tl.program_id(2)
-    start, n = seq_bounds(cu_ptr, s, total, NCH * chunk * BLOCK)
+    q_start, q_len, k_start, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NCH * chunk * BLOCK)
     nb = (n + BLOCK - 1) // BLOCK
-    return c, tl.program_id(1), s, start, n, nb, (n < dense_below) | (c * chunk >= nb)
+    return c, tl.program_id(1), s, q_start, q_len, k_start, n, nb, (n < dense_below) | (c * chunk >= nb)
 
 
 @triton.jit
-def _window(q_ptr, start, n, h, sm_scale, H, L: tl.constexpr, D: tl.constexpr):
-    """The window's queries, their positions and validity, and the log2-domain logit scale."""
-    rows = tl.minimum(n, L)
+def _window(q_ptr, q_start, q_len, n, h, sm_scale, H, L: tl.constexpr, D: tl.constexpr):
+    """The window's queries (the chunk's last rows), their positions in the kv_len = n sequence and validity, and
+    the log2-domain logit scale."""
+    rows = tl.minimum(q_len, L)
     i = tl.arange(0, L)
     row_ok = i < rows
     r_pos = n - rows + i
     cols = tl.arange(0, D)
-    q = tl.load(q_ptr + ((start + r_pos).to(tl.int64) * H + h)[:, None] * D + cols[None, :],
+    q = tl.load(q_ptr + ((q_start + q_len - rows + i).to(tl.int64) * H + h)[:, None] * D + cols[None, :],
                 mask=row_ok[:, None], other=0.0)
     return q, r_pos, row_ok, rows, sm_scale * 1.4426950408889634
 
@@ -66,12 +69,13 @@ def _logits(q, k_ptr, start, n, k_pos, r_pos, row_ok, hk, qk_scale, HK, D: tl.co
 
 
 @kernel
-def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_scale, chunk, dense_below, total,
-                            H, G, NCH, L: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
-    c, h, s, start, n, nb, idle = _chunk(cu_ptr, chunk, dense_below, total, NCH, BLOCK)
+def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, part_m_ptr, part_l_ptr, sm_scale, chunk, dense_below,
+                            total, total_k, H, G, NCH, L: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
+    c, h, s, q_start, q_len, start, n, nb, idle = _chunk(cu_ptr, cu_k_ptr, chunk, dense_below, total, total_k, NCH,
+                                                         BLOCK)
     if idle:
         return
-    q, r_pos, row_ok, rows, qk_scale = _window(q_ptr, start, n, h, sm_scale, H, L, D)
+    q, r_pos, row_ok, rows, qk_scale = _window(q_ptr, q_start, q_len, n, h, sm_scale, H, L, D)
     m = tl.full([L], float("-inf"), tl.float32)
     l = tl.zeros([L], tl.float32)
     for kb in range(c * chunk, tl.minimum(nb, c * chunk + chunk)):
@@ -85,13 +89,14 @@ def estimate_partial_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, sm_sca
 
 
 @kernel
-def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr, vmax_ptr, s_ptr, sm_scale, chunk,
-                         dense_below, total, H, G, NB, NCH, L: tl.constexpr, BLOCK: tl.constexpr, W: tl.constexpr,
-                         D: tl.constexpr):
-    c, h, s, start, n, nb, idle = _chunk(cu_ptr, chunk, dense_below, total, NCH, BLOCK)
+def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, part_m_ptr, part_l_ptr, vsum_ptr, vmax_ptr, s_ptr, sm_scale,
+                         chunk, dense_below, total, total_k, H, G, NB, NCH, L: tl.constexpr, BLOCK: tl.constexpr,
+                         W: tl.constexpr, D: tl.constexpr):
+    c, h, s, q_start, q_len, start, n, nb, idle = _chunk(cu_ptr, cu_k_ptr, chunk, dense_below, total, total_k, NCH,
+                                                         BLOCK)
     if idle:
         return
-    q, r_pos, row_ok, rows, qk_scale = _window(q_ptr, start, n, h, sm_scale, H, L, D)
+    q, r_pos, row_ok, rows, qk_scale = _window(q_ptr, q_start, q_len, n, h, sm_scale, H, L, D)
     head = s * H + h
     m = tl.full([L], float("-inf"), tl.float32)
     l = tl.zeros([L], tl.float32)
@@ -126,12 +131,12 @@ def estimate_mass_kernel(q_ptr, k_ptr, cu_ptr, part_m_ptr, part_l_ptr, vsum_ptr,
 
 
 @kernel
-def slash_reduce_kernel(s_ptr, cu_ptr, ssum_ptr, smax_ptr, dense_below, total, H, NB, RB: tl.constexpr,
-                        BLOCK: tl.constexpr):
+def slash_reduce_kernel(s_ptr, cu_ptr, cu_k_ptr, ssum_ptr, smax_ptr, dense_below, total, total_k, H, NB,
+                        RB: tl.constexpr, BLOCK: tl.constexpr):
     g = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    n = seq_bounds(cu_ptr, s, total, NB * BLOCK)[1]
+    n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NB * BLOCK)[3]
     nb = (n + BLOCK - 1) // BLOCK
     if (n < dense_below) | (g * RB >= nb):
         return

@@ -11,6 +11,7 @@ ahead-of-time build (aot.py), so that the plugin runs the very cubins the torch 
   the plugin's C++ is generated from.
 - `fixed` / `options`: constexprs fixed by these rules, and num_warps / num_stages.
 - `run`: launch a kernel with both.
+- `or_unused`: an optional f32 output (the LSE) as a pointer argument.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+import torch
 import triton
 
 from ..config import CrispConfig
@@ -108,6 +110,13 @@ def run(fn, grid, *args, block: int, d: int = 0, **constexprs):
         values = {**constexprs, **consts}
         _COMPILED[key] = (compiled, tuple(values[c] for c in declared))
     return compiled
+
+
+def or_unused(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """t, or for None an empty f32 tensor on like's device: the pointer of an output the launch's flag
+    (write_lse = 0) keeps the kernel from touching; the plugin passes NULL there, and both are 16-byte
+    aligned, so the cubin is the same."""
+    return torch.empty(0, dtype=torch.float32, device=like.device) if t is None else t
 
 
 @dataclass(frozen=True)

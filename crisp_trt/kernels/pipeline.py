@@ -6,6 +6,8 @@ no `.item()`, no `nonzero()`, no host synchronisation, so the op runs under CUDA
 order (contract.LAUNCHES, which the TensorRT plugin is generated from): zero s_mass, keep maps,
 counts, poison flag → estimate_partial → estimate_mass → slash_reduce → pool → route (→ route_jsd) →
 select → attend → poison_scan → poison_apply (non-finite q/k/v or malformed cu_seqlens → NaN output).
+Chunked prefill: cu_seqlens_k gives each sequence's keys, cu_seqlens its queries (the last q_len ≤ kv_len
+positions); max_seqlen then bounds the kv lengths, and query blocks are absolute (reference.py).
 """
 from __future__ import annotations
 
@@ -51,15 +53,17 @@ class Stages:
     as it starts a plan: one allocation and one fill instead of ~25 of each per call (host time at short
     lengths)."""
 
-    def __init__(self, q, k, cu_seqlens, max_seqlen: int, cfg: CrispConfig):
+    def __init__(self, q, k, cu_seqlens, max_seqlen: int, cfg: CrispConfig, cu_seqlens_k=None):
         self.q, self.k, self.cu, self.cfg = q, k, cu_seqlens, cfg
+        self.cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k  # whole prompts: the same table
+        self.bounds = (self.cu, self.cu_k)
         self.seqs, (self.heads, self.d), self.kv_heads = cu_seqlens.shape[0] - 1, q.shape[1:], k.shape[1]
         self.z, self.ws = workspace(self.seqs, self.heads, self.kv_heads, self.d, cfg, max_seqlen)
         self.memory = torch.empty(self.ws.size, dtype=torch.uint8, device=q.device)
         self.scale, self.dense_below = 1.0 / math.sqrt(self.d), max(cfg.dense_below, 1)
         self.knobs = (cfg.kappa, cfg.floor_quantile, cfg.gamma)
         self.budget_flags = dict(FLOOR=cfg.budget == "floor", MIN_TOP=cfg.min_blocks > 0)  # route and select
-        self.groups, self.total = self.heads // self.kv_heads, q.shape[0]
+        self.groups, self.total, self.total_k = self.heads // self.kv_heads, q.shape[0], k.shape[0]
 
     def _buffer(self, name: str) -> torch.Tensor:
         offset, shape, dtype = self.ws.layout[name]
@@ -68,22 +72,23 @@ class Stages:
 
     def estimate(self):
         """Proxy-map statistics vsum, vmax, ssum, smax [S, H, NB] and the pooled q/k blocks."""
-        q, k, cu, cfg, z, seqs, heads = self.q, self.k, self.cu, self.cfg, self.z, self.seqs, self.heads
+        q, k, cfg, z, seqs, heads = self.q, self.k, self.cfg, self.z, self.seqs, self.heads
         block, d, g = cfg.block_size, self.d, self.groups
         self.memory[:self.ws.zeroed].zero_()  # s_mass, the keep maps, counts, the poison flag
         part_m, part_l, s_mass = (self._buffer(n) for n in ("part_m", "part_l", "s_mass"))
         self.vsum, self.vmax, self.ssum, self.smax = (self._buffer(n) for n in ("vsum", "vmax", "ssum", "smax"))
         self.pooled_q, self.pooled_k = self._buffer("pooled_q"), self._buffer("pooled_k")
-        args = (self.scale, z.chunk, self.dense_below, self.total)
+        args = (self.scale, z.chunk, self.dense_below, self.total, self.total_k)
         tile = dict(L=cfg.window, BLOCK=block, D=d)
-        run(estimate_partial_kernel, (z.nch, heads, seqs), q, k, cu, part_m, part_l, *args, heads, g, z.nch,
-            block=block, d=d, **tile)
-        run(estimate_mass_kernel, (z.nch, heads, seqs), q, k, cu, part_m, part_l, self.vsum, self.vmax, s_mass,
-            *args, heads, g, z.nb, z.nch, block=block, d=d, **tile)
-        run(slash_reduce_kernel, (-(-z.nb // SLASH_ROWS), heads, seqs), s_mass, cu, self.ssum, self.smax,
-            self.dense_below, self.total, heads, z.nb, block=block, BLOCK=block)
-        run(pool_kernel, (z.nb, heads + self.kv_heads, seqs), q, k, cu, self.pooled_q, self.pooled_k,
-            self.dense_below, self.total, heads, self.kv_heads, z.nb, block=block, d=d, BLOCK=block, D=d)
+        run(estimate_partial_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, *args, heads, g,
+            z.nch, block=block, d=d, **tile)
+        run(estimate_mass_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, self.vsum, self.vmax,
+            s_mass, *args, heads, g, z.nb, z.nch, block=block, d=d, **tile)
+        run(slash_reduce_kernel, (-(-z.nb // SLASH_ROWS), heads, seqs), s_mass, *self.bounds, self.ssum, self.smax,
+            self.dense_below, self.total, self.total_k, heads, z.nb, block=block, BLOCK=block)
+        run(pool_kernel, (z.nb, heads + self.kv_heads, seqs), q, k, *self.bounds, self.pooled_q, self.pooled_k,
+            self.dense_below, self.total, self.total_k, heads, self.kv_heads, z.nb, block=block, d=d, BLOCK=block,
+            D=d)
 
     def route(self):
         """Per head: kept columns / distances (maps and lists), C_struct, route; dense flag per sequence."""
@@ -91,24 +96,24 @@ class Stages:
         self.columns, offsets, self.distances = (self._buffer(n) for n in ("columns", "offsets", "distances"))
         self.cols, self.dists, self.ncols, self.ndists = (self._buffer(n) for n in ("cols", "dists", "ncols", "ndists"))
         self.route_, self.c_struct, self.dense = (self._buffer(n) for n in ("route", "c_struct", "dense"))
-        run(route_kernel, (heads, seqs), self.vsum, self.vmax, self.ssum, self.smax, self.cu, self.columns, offsets,
-            self.distances, self.cols, self.ncols, self.dists, self.ndists, self.c_struct, self.route_, self.dense,
-            *self.knobs, cfg.tau, cfg.coverage, len(cfg.kappas()), cfg.min_blocks, cfg.max_blocks, self.dense_below,
-            self.total, heads, z.nb,
-            cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, block=cfg.block_size,
-            C=z.route_chunk, **self.budget_flags)
+        run(route_kernel, (heads, seqs), self.vsum, self.vmax, self.ssum, self.smax, *self.bounds, self.columns,
+            offsets, self.distances, self.cols, self.ncols, self.dists, self.ndists, self.c_struct, self.route_,
+            self.dense, *self.knobs, cfg.tau, cfg.coverage, len(cfg.kappas()), cfg.min_blocks, cfg.max_blocks,
+            self.dense_below, self.total, self.total_k, heads, z.nb, cfg.block_size, cfg.sink_blocks,
+            cfg.local_blocks, z.maxc, z.maxd, block=cfg.block_size, C=z.route_chunk, **self.budget_flags)
         if cfg.routing == "jsd":
-            run(route_jsd_kernel, (heads, seqs), self.vsum, self.cu, self.q, self.pooled_k, self.route_, self.scale,
-                cfg.tau, self.dense_below, self.total, heads, self.groups, z.nb, cfg.block_size,
-                block=cfg.block_size, d=self.d, L=cfg.window, D=self.d)
+            run(route_jsd_kernel, (heads, seqs), self.vsum, *self.bounds, self.q, self.pooled_k, self.route_,
+                self.scale, cfg.tau, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb,
+                cfg.block_size, block=cfg.block_size, d=self.d, L=cfg.window, D=self.d)
 
     def select(self):
         """Per (sequence, head, query block): the off-diagonal key-block list and its count."""
         cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
         self.idx, self.counts, scratch = (self._buffer(n) for n in ("idx", "counts", "scratch"))
-        run(select_kernel, (-(-z.nb // QG), heads, seqs), self.cu, self.route_, self.columns, self.cols, self.ncols,
-            self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, self.idx, self.counts, self.scale,
-            *self.knobs, cfg.min_blocks, cfg.max_blocks, self.total, heads, self.groups, z.nb, z.maxk,
+        run(select_kernel, (-(-z.nb // QG), heads, seqs), *self.bounds, self.route_, self.columns, self.cols,
+            self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, self.idx, self.counts,
+            self.scale, *self.knobs, cfg.min_blocks, cfg.max_blocks, self.total, self.total_k, heads, self.groups,
+            z.nb, z.maxk,
             cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
             block=cfg.block_size, d=self.d, D=self.d, **self.budget_flags)
 
@@ -116,26 +121,33 @@ class Stages:
         self.estimate()
         self.route()
         self.select()
-        density = _density(self.counts, self.dense, self.cu, self.cfg.block_size)
+        density = _density(self.counts, self.dense, self.cu, self.cu_k, self.cfg.block_size)
         return Plan(self.idx, self.counts, self.dense, self.route_, self.c_struct, density, self.columns,
                     self.distances)
 
-    def attend(self, v) -> torch.Tensor:
-        """attend over the planned lists, then the input poison (NaN output for bad inputs)."""
-        out = attend(self.q, self.k, v, self.cu, self.idx, self.counts, self.dense, self.cfg.block_size)
-        return poison(self.q, self.k, v, self.cu, out, self._buffer("poison"))
+    def attend(self, v, lse: torch.Tensor | None = None) -> torch.Tensor:
+        """attend over the planned lists (writing the LSE into lse [total_q, H] f32 when given), then the input
+        poison (NaN output and LSE for bad inputs)."""
+        out = attend(self.q, self.k, v, self.cu, self.idx, self.counts, self.dense, self.cfg.block_size,
+                     cu_seqlens_k=self.cu_k, lse=lse)
+        return poison(self.q, self.k, v, self.cu, self.cu_k, out, lse, self._buffer("poison"))
 
 
-def plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, cfg: CrispConfig) -> Plan:
-    """estimate → route → select for packed q [total, H, d], k [total, H_kv, d] (cu_seqlens int32 [S + 1])."""
-    return Stages(q, k, cu_seqlens, max_seqlen, cfg).plan()
+def plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, cfg: CrispConfig,
+         cu_seqlens_k: torch.Tensor | None = None) -> Plan:
+    """estimate → route → select for packed q [total_q, H, d], k [total_k, H_kv, d] (cu_seqlens int32 [S + 1];
+    chunks: cu_seqlens_k, max_seqlen bounding the kv lengths)."""
+    return Stages(q, k, cu_seqlens, max_seqlen, cfg, cu_seqlens_k).plan()
 
 
-def _density(counts, dense, cu_seqlens, block):
-    """Fraction of causal blocks attended per (seq, head): (Σ listed + diagonals) / (nb (nb + 1) / 2)."""
-    nb = ((cu_seqlens[1:] - cu_seqlens[:-1] + block - 1) // block).float()[:, None]
-    causal = (nb * (nb + 1) / 2).clamp_min(1)
-    sparse = (counts.sum(-1).float() + nb) / causal
+def _density(counts, dense, cu_seqlens, cu_seqlens_k, block):
+    """Fraction of causal blocks attended per (seq, head) over the query blocks the chunk touches (first…nb−1):
+    (Σ listed + diagonals) / Σ (qb + 1); a sequence with no queries has none (chunk_bounds)."""
+    q_len = (cu_seqlens[1:] - cu_seqlens[:-1])[:, None]
+    kv_len = torch.where(q_len > 0, (cu_seqlens_k[1:] - cu_seqlens_k[:-1])[:, None], 0)
+    nb, first = (kv_len + block - 1) // block, (kv_len - q_len).clamp_min(0) // block
+    causal = ((nb * (nb + 1) - first * (first + 1)) / 2).clamp_min(1)
+    sparse = (counts.sum(-1).float() + (nb - first)) / causal
     return torch.where(dense[:, None].bool(), (nb > 0).float(), sparse)
 
 
@@ -177,9 +189,12 @@ def masks_from_plan(p, s: int, nb: int, qb: torch.Tensor | None = None) -> torch
     return allowed[..., :nb] | always[None]
 
 
-def crisp_cuda(q, k, v, cu_seqlens, max_seqlen: int, cfg: CrispConfig):
-    """(out [total, H, d], route int32 [S, H], c_struct f32 [S, H], density f32 [S, H])."""
-    st = Stages(q, k, cu_seqlens, max_seqlen, cfg)
+def crisp_cuda(q, k, v, cu_seqlens, max_seqlen: int, cfg: CrispConfig, cu_seqlens_k=None, return_lse: bool = False):
+    """(out [total_q, H, d], lse f32 [total_q, H] (or [0] without return_lse), route int32 [S, H], c_struct f32
+    [S, H], density f32 [S, H]); chunks: cu_seqlens_k for k, v [total_k, H_kv, d], max_seqlen bounding kv lengths."""
+    st = Stages(q, k, cu_seqlens, max_seqlen, cfg, cu_seqlens_k)
     p = st.plan()
+    lse = torch.empty((q.shape[0], q.shape[1]) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    out = st.attend(v, lse if return_lse else None)
     # route and c_struct are views of the workspace: a custom op's outputs may not share storage
-    return st.attend(v), p.route.clone(), p.c_struct.clone(), p.density
+    return out, lse, p.route.clone(), p.c_struct.clone(), p.density

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .bisect import INF_BITS, keep_rule, thresholds
-from .bounds import seq_bounds
+from .bounds import chunk_bounds
 from .launch import kernel
 
 
@@ -74,13 +74,14 @@ def _compact(src_ptr, base, nb, dst_ptr, dst_base, C: tl.constexpr):
 
 
 @triton.jit
-def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, start, n, nb, rows, h, hk, sm_scale, H, HK, NB, L: tl.constexpr,
+def _jsd(vsum_ptr, base, q_ptr, pk_ptr, s, q_end, nb, rows, h, hk, sm_scale, H, HK, NB, L: tl.constexpr,
          D: tl.constexpr):
-    """sqrt(JSD) (base 2) of vsum and softmax(pooled K · mean of the window's queries · scale)."""
+    """sqrt(JSD) (base 2) of vsum and softmax(pooled K · mean of the window's queries (the `rows` query rows
+    before q_end) · scale)."""
     JC: tl.constexpr = 32  # key blocks per [JC, D] pooled-K tile
     i = tl.arange(0, L)
     d = tl.arange(0, D)
-    r = start + n - rows + i
+    r = q_end - rows + i
     qw = tl.load(q_ptr + (r.to(tl.int64) * H + h)[:, None] * D + d[None, :], mask=(i < rows)[:, None], other=0.0)
     qw = tl.sum(qw.to(tl.float32), 0) / rows.to(tl.float32)
     seq_base = pk_ptr + (s.to(tl.int64) * NB * HK + hk) * D
@@ -201,13 +202,13 @@ def _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, cove
 
 
 @kernel
-def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, keep_o_ptr, keep_d_ptr, cols_ptr,
-                 ncols_ptr, dists_ptr, ndists_ptr, cstruct_ptr, route_ptr, dense_ptr, kappa, quantile, gamma, tau,
-                 coverage, steps, min_blocks, max_blocks, dense_below, total, H, NB, BLOCK, SINK, LOCAL, MAXC, MAXD,
-                 FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, C: tl.constexpr):
+def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, cu_k_ptr, keep_c_ptr, keep_o_ptr, keep_d_ptr,
+                 cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, cstruct_ptr, route_ptr, dense_ptr, kappa, quantile, gamma,
+                 tau, coverage, steps, min_blocks, max_blocks, dense_below, total, total_k, H, NB, BLOCK, SINK, LOCAL,
+                 MAXC, MAXD, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, C: tl.constexpr):
     h = tl.program_id(0)
     s = tl.program_id(1)
-    n = seq_bounds(cu_ptr, s, total, NB * BLOCK)[1]
+    n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NB * BLOCK)[3]  # the route is the kv_len prefix's
     row = s * H + h
     short = n < dense_below
     if h == 0:
@@ -251,15 +252,15 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, keep_c_ptr, kee
 
 
 @kernel
-def route_jsd_kernel(vsum_ptr, cu_ptr, q_ptr, pk_ptr, route_ptr, sm_scale, tau, dense_below, total, H, G, NB, BLOCK,
-                     L: tl.constexpr, D: tl.constexpr):
+def route_jsd_kernel(vsum_ptr, cu_ptr, cu_k_ptr, q_ptr, pk_ptr, route_ptr, sm_scale, tau, dense_below, total, total_k,
+                     H, G, NB, BLOCK, L: tl.constexpr, D: tl.constexpr):
     """JSD routing: route = 1 (vertical-slash) iff sqrt(JSD) ≥ tau, else 2, for sequences ≥ dense_below."""
     h = tl.program_id(0)
     s = tl.program_id(1)
-    start, n = seq_bounds(cu_ptr, s, total, NB * BLOCK)
+    q_start, q_len, _, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NB * BLOCK)
     if n < dense_below:
         return
     row = s * H + h
-    score = _jsd(vsum_ptr, row.to(tl.int64) * NB, q_ptr, pk_ptr, s, start, n, (n + BLOCK - 1) // BLOCK,
-                 tl.minimum(n, L), h, h // G, sm_scale, H, H // G, NB, L, D)
+    score = _jsd(vsum_ptr, row.to(tl.int64) * NB, q_ptr, pk_ptr, s, q_start + q_len, (n + BLOCK - 1) // BLOCK,
+                 tl.minimum(q_len, L), h, h // G, sm_scale, H, H // G, NB, L, D)
     tl.store(route_ptr + row, tl.where(score >= tau, 1, 2))

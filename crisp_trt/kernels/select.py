@@ -1,6 +1,7 @@
 """select: per (sequence, head, query block) the off-diagonal key-block list attend consumes.
 
-Grid (ceil(NB / QG), H, S): a program owns QG consecutive query blocks of one head.
+Grid (ceil(NB / QG), H, S): a program owns QG consecutive query blocks of one head; blocks are absolute
+and a chunk's rows are those of the query blocks it touches, (kv_len − q_len) // B …; the others stay unlisted.
   vertical-slash head  row qb lists the kept columns c < qb, then qb − x for each kept distance
                        x ≥ 1 whose block is not already a column (reference.vertical_slash_union);
   block-sparse head    p = softmax(pooled K[: qb + 1] · pooled q[qb] · scale) is written to the row's
@@ -16,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .bisect import keep_rule, thresholds
-from .bounds import seq_bounds
+from .bounds import chunk_bounds
 from .launch import kernel
 
 
@@ -56,13 +57,13 @@ def _vertical_slash_rows(keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr,
 
 
 @triton.jit
-def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, row_ok, nb, sm_scale,
+def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, qb0, row_ok, nb, sm_scale,
                        kappa, quantile, gamma, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL, SAMPLES,
                        D: tl.constexpr, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, QG: tl.constexpr,
                        C: tl.constexpr):
     HK = H // G
     d = tl.arange(0, D)
-    qb_c = tl.minimum(qb, nb - 1)
+    qb_c = tl.minimum(tl.maximum(qb, qb0), nb - 1)  # a pooled row pool wrote, also for rows outside the chunk
     pq = tl.load(pq_ptr + ((s * NB + qb_c).to(tl.int64) * H + h)[:, None] * D + d[None, :])
     base = row * NB  # this row's scratch
     top = tl.max(tl.where(row_ok, qb, 0), 0) + 1
@@ -124,26 +125,27 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, r
 
 
 @kernel
-def select_kernel(cu_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, pq_ptr, pk_ptr,
-                  scratch_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, min_blocks, max_blocks, total,
-                  H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr, FLOOR: tl.constexpr,
-                  MIN_TOP: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
+def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, pq_ptr,
+                  pk_ptr, scratch_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, min_blocks, max_blocks,
+                  total, total_k, H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr,
+                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
     g = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    n = seq_bounds(cu_ptr, s, total, NB * BLOCK)[1]
+    _, q_len, _, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NB * BLOCK)
     nb = (n + BLOCK - 1) // BLOCK
-    if g * QG >= nb:
+    qb0 = (n - q_len) // BLOCK  # the chunk's first query block
+    if (g * QG >= nb) | (g * QG + QG <= qb0):
         return
     head = s * H + h
     route = tl.load(route_ptr + head)
     qb = g * QG + tl.arange(0, QG)
-    row_ok = qb < nb
+    row_ok = (qb < nb) & (qb >= qb0)
     row = head.to(tl.int64) * NB + qb
     if route == 1:
         _vertical_slash_rows(keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, idx_ptr, counts_ptr, head, row,
                              qb, row_ok, NB, MAXK, MAXC, MAXD, KC)
     if route == 2:
-        _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, row_ok, nb, sm_scale,
+        _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, qb0, row_ok, nb, sm_scale,
                            kappa, quantile, gamma, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL, SAMPLES, D,
                            FLOOR, MIN_TOP and not FLOOR, QG, KC)  # the floor budget has no min top-k here
