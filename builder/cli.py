@@ -68,13 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", dest="block_size", type=int, default=CrispConfig().block_size, choices=(64, 128),
                    help="CRISP block size of the artifact, used by calibration and at run time (default: %(default)s)")
     p.add_argument("--tp", "--tp_size", dest="tp", type=int, default=1, metavar="N",
-                   help="tensor-parallel size (TensorRT-LLM checkpoint: shards by heads)")
+                   help="tensor-parallel size the model must split into (crisp_trt.tp's rule: heads and MLP), "
+                        "checked and recorded in the artifact")
     p.add_argument("--rope-scaling", dest="rope_scaling", default=None, metavar="TYPE:FACTOR",
                    help="allow --max-seq beyond the model's RoPE range, e.g. linear:4 or yarn:4 (Qwen2.5: 32k × 4) "
                         "(written into the config; quality beyond the trained range is not verified)")
     p.add_argument("--triton-repo", dest="triton_repo", default=None, metavar="DIR",
-                   help="also write a Triton model repository (python backend for torch artifacts, "
-                        "tensorrtllm-backend layout for engines)")
+                   help="also write a Triton model repository: a Python-backend model serving the torch artifact")
     p.add_argument("--seed", type=int, default=0, help="seed (calibration is deterministic for a seed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> Path:
     if args.triton_repo:
         from .triton_repo import write_python_model
 
-        write_python_model(out, args.triton_repo)  # the artifact served by the Python backend (engine: not yet)
+        write_python_model(out, args.triton_repo)
         print(f"crisp-build: Triton model repository → {args.triton_repo}", file=sys.stderr)
     return out
 

@@ -4,14 +4,11 @@ through crisp_trt.plugin) → a serialised plan.
 
 The builder module is imported lazily: the full TensorRT (`tensorrt`) or TensorRT-RTX (`tensorrt_rtx`, or
 the standalone wheel's `tensorrt_rtx_bindings`; the same nvinfer1 builder API). Without one every entry
-point raises a BuildError saying what to install. What is verified where: builder/README.md.
-
-Also here, unverified and kept as the design's starting point: the TensorRT-LLM 1.2 path (`build_engines`,
-TensorRT-LLM's own attention; builder/README.md says why CRISP is not in it).
+point raises a BuildError saying what to install. What is verified where: builder/README.md (which also keeps
+the TensorRT-LLM 1.2 path as a design note: why CRISP stops at this ONNX route).
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import time
@@ -168,49 +165,3 @@ def build_engine(artifact: str | Path, max_seq: int, dtype: str = "auto", max_ba
     cfg_path.write_text(json.dumps(cfg, indent=2))
     return record
 
-
-# ---- TensorRT-LLM 1.2 (unverified design path; not what crisp-build runs) --------------------------------
-
-TRTLLM_HINT = ("the TensorRT-LLM path needs TensorRT and TensorRT-LLM <= 1.2.x (the last releases with the "
-               "TensorRT-engine flow), e.g. NVIDIA's TensorRT-LLM 1.2 container, or "
-               "pip install 'tensorrt_llm<=1.2.99' --extra-index-url https://pypi.nvidia.com")
-
-
-def require_tensorrt_llm():
-    """Import tensorrt and tensorrt_llm (<= 1.3) or raise a BuildError naming what to install."""
-    missing = [name for name in ("tensorrt", "tensorrt_llm") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise BuildError(f"{' and '.join(missing)} not importable: {TRTLLM_HINT}")
-    trt = importlib.import_module("tensorrt")
-    tllm = importlib.import_module("tensorrt_llm")
-    version = getattr(tllm, "__version__", "0")
-    major_minor = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
-    if major_minor > (1, 3):
-        raise BuildError(f"tensorrt_llm {version} has no TensorRT-engine flow (removed after 1.3.0rc20): "
-                         + TRTLLM_HINT)
-    return trt, tllm
-
-
-def build_engines(ckpt_dir: str | Path, engine_dir: str | Path, max_seq: int, max_batch_size: int = 8) -> list[Path]:
-    """rank{N}.engine from a TensorRT-LLM checkpoint with TensorRT-LLM 1.2's builder (its own attention).
-
-    UNVERIFIED here (no TensorRT-LLM on any project machine): tensorrt_llm.builder.build(model, BuildConfig)
-    on LLaMAForCausalLM.from_checkpoint per rank, then engine.save(). CRISP is not in these engines:
-    builder/README.md says why that stops at the ONNX route (build_engine)."""
-    require_tensorrt_llm()
-    from tensorrt_llm.builder import BuildConfig, build
-    from tensorrt_llm.models import LLaMAForCausalLM
-
-    ckpt_dir, engine_dir = Path(ckpt_dir), Path(engine_dir)
-    engine_dir.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((ckpt_dir / "config.json").read_text())
-    world = cfg["mapping"]["world_size"]
-    build_config = BuildConfig(max_input_len=max_seq, max_seq_len=max_seq, max_batch_size=max_batch_size,
-                               max_num_tokens=min(max_seq, 16384))
-    out = []
-    for rank in range(world):
-        model = LLaMAForCausalLM.from_checkpoint(str(ckpt_dir), rank=rank)
-        engine = build(model, build_config)
-        engine.save(str(engine_dir))
-        out.append(engine_dir / f"rank{rank}.engine")
-    return out
