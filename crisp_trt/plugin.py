@@ -45,11 +45,13 @@ def library_path() -> Path:
         f"scripts/build_plugin.sh (needs TensorRT headers) or set {ENV_LIBRARY}")
 
 
-def plugin_fields(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int
-                  ) -> list[tuple[str, np.ndarray, str]]:
+def plugin_fields(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int, *, chunked: bool = False,
+                  return_lse: bool = False) -> list[tuple[str, np.ndarray, str]]:
     """(name, value, type) per plugin field, in the plugin's order; type is "INT32", "FLOAT32" or "CHAR".
 
-    Values are numpy arrays whose bytes are the field data (strings as uint8 characters, no NUL).
+    Values are numpy arrays whose bytes are the field data (strings as uint8 characters, no NUL). chunked (a fifth
+    input, cu_seqlens_k: a chunk's queries are the last positions of its keys) and return_lse (a second output,
+    the LSE [tokens, num_heads] f32) are optional fields, given only when set: the plugin serialises them so too.
     """
     for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if not isinstance(value, int) or isinstance(value, bool):
@@ -61,6 +63,7 @@ def plugin_fields(config: CrispConfig, num_heads: int, num_kv_heads: int, head_d
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim={head_dim}: expected one of {HEAD_DIMS}")
     values = dict(config.to_dict(), num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    values.update({name: 1 for name, on in (("chunked", chunked), ("return_lse", return_lse)) if on})
     kinds = {f.name: f.type for f in dataclasses.fields(CrispConfig)}
     fields = []
     for name, value in values.items():

@@ -286,21 +286,25 @@ int32_t crispLaunchPrefill(CrispLaunchArgs const& a, cudaStream_t stream) noexce
             return 0;
         }
         int64_t const maxTokens = crispMaxTokens();
-        if (a.tokens < 0 || a.tokens > maxTokens || a.batch < 1 || a.batch > kMAX_GRID_YZ)
+        if (a.tokens < 0 || a.tokens > maxTokens || a.tokensK < 0 || a.tokensK > maxTokens || a.batch < 1
+            || a.batch > kMAX_GRID_YZ)
         {
-            logError("enqueue: expected 0 < tokens <= " + std::to_string(maxTokens)
-                + " and 1 <= batch <= 65535, got tokens " + std::to_string(a.tokens) + ", batch "
-                + std::to_string(a.batch));
+            logError("enqueue: expected 0 < tokens, key tokens <= " + std::to_string(maxTokens)
+                + " and 1 <= batch <= 65535, got tokens " + std::to_string(a.tokens) + ", key tokens "
+                + std::to_string(a.tokensK) + ", batch " + std::to_string(a.batch));
             return 1;
         }
         if (!aligned(a.q) || !aligned(a.k) || !aligned(a.v) || !aligned(a.out) || !aligned(a.cuSeqlens)
-            || !aligned(a.workspace))
+            || !aligned(a.cuSeqlensK) || !aligned(a.lse) || !aligned(a.workspace)
+            || (p.returnLse != 0) != (a.lse != nullptr))
         {
-            logError("enqueue: q, k, v, cu_seqlens, out and the workspace must be 16-byte aligned");
+            logError("enqueue: q, k, v, cu_seqlens, cu_seqlens_k, out, lse (given iff return_lse) and the workspace "
+                     "must be 16-byte aligned");
             return 1;
         }
-        CrispSizes const z = crispSizes(p, a.tokens);
-        CrispWorkspaceLayout const w = crispWorkspaceLayout(p, a.batch, a.tokens);
+        // Sizes follow the keys: the op's default max_seqlen_k (= the packed key tokens).
+        CrispSizes const z = crispSizes(p, a.tokensK);
+        CrispWorkspaceLayout const w = crispWorkspaceLayout(p, a.batch, a.tokensK);
         if (w.total == std::numeric_limits<size_t>::max())
         {
             logError("enqueue: the workspace size overflows size_t");
@@ -315,10 +319,11 @@ int32_t crispLaunchPrefill(CrispLaunchArgs const& a, cudaStream_t stream) noexce
         }
         // The generated contract (crispPrefillAttentionContract.h): every argument by kernel parameter name, and
         // the launches in crisp_trt/kernels/pipeline.py's order with their grids.
-        auto const args = crispLaunchArgs(p, z, w, ws, CrispTensors{a.q, a.k, a.v, a.out, a.cuSeqlens}, a.batch, a.tokens);
+        auto const args = crispLaunchArgs(p, z, w, ws,
+            CrispTensors{a.q, a.k, a.v, a.out, a.cuSeqlens, a.cuSeqlensK, a.lse}, a.batch, a.tokens, a.tokensK);
         Launcher launch(args, a.bf16, stream);
         int32_t status = launch.init();
-        for (CrispLaunch const& l : crispLaunchOrder(p, z, a.batch, a.tokens))
+        for (CrispLaunch const& l : crispLaunchOrder(p, z, a.batch, a.tokens, a.tokensK))
         {
             if (status == 0 && l.enabled)
             {

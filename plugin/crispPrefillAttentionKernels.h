@@ -27,20 +27,25 @@ namespace crisp
 //! The most packed tokens one enqueue accepts (the kernels index tokens with int32).
 int64_t crispMaxTokens() noexcept;
 
-//! One enqueue's tensors. q/out: [tokens, numHeads, headDim]; k/v: [tokens, numKvHeads, headDim], packed,
-//! contiguous, 16-byte aligned; cuSeqlens: int32 [batch + 1], cuSeqlens[0] = 0, cuSeqlens[batch] = tokens.
+//! One enqueue's tensors. q/out: [tokens, numHeads, headDim]; k/v: [tokensK, numKvHeads, headDim], packed,
+//! contiguous, 16-byte aligned; cuSeqlens: int32 [batch + 1], cuSeqlens[0] = 0, cuSeqlens[batch] = tokens;
+//! cuSeqlensK: the same for the keys (cuSeqlens itself, and tokensK = tokens, for whole prompts: a chunk's queries
+//! are the last positions of its sequence's keys); lse: f32 [tokens, numHeads] or null (params->returnLse = 0).
 struct CrispLaunchArgs
 {
     CrispParams const* params;
     bool bf16; //!< element type of q, k, v, out: bfloat16 if true, else float16
     int64_t tokens;
+    int64_t tokensK;
     int64_t batch;
     void const* q;
     void const* k;
     void const* v;
     int32_t const* cuSeqlens;
+    int32_t const* cuSeqlensK;
     void* out;
-    void* workspace; //!< crispWorkspaceLayout(*params, batch, tokens).total bytes or more
+    float* lse;
+    void* workspace; //!< crispWorkspaceLayout(*params, batch, tokensK).total bytes or more
 };
 
 //! Launch the pipeline on `stream`. Returns 0 on success, else a non-zero status after logging the reason

@@ -14,7 +14,7 @@ namespace crisp
 namespace
 {
 
-// CrispConfig's field order, then the head counts (the generated CRISP_FIELDS).
+// CrispConfig's field order, the head counts, then the optional fields (the generated CRISP_FIELDS).
 struct FieldSpec
 {
     char const* name;
@@ -121,7 +121,7 @@ bool parseCrispFields(PluginFieldCollection const* fc, CrispParams& out, std::st
                 std::memcpy(slot(p, i), field.data, sizeof(int32_t));
             }
         }
-        for (int32_t i = 0; i < kNB_FIELDS; ++i)
+        for (int32_t i = 0; i < kCRISP_NB_REQUIRED_FIELDS; ++i) // an optional field left out keeps its default
         {
             if (seen.count(i) == 0)
             {
@@ -143,10 +143,18 @@ bool parseCrispFields(PluginFieldCollection const* fc, CrispParams& out, std::st
 
 std::vector<PluginField> crispFieldsOf(CrispParams const& params)
 {
+    static_assert(kNB_FIELDS > kCRISP_NB_REQUIRED_FIELDS, "the optional fields follow the required ones");
+    CrispParams const defaults;
     std::vector<PluginField> v;
     for (int32_t i = 0; i < kNB_FIELDS; ++i)
     {
         void const* data = slot(params, i);
+        // An optional field (INT32 or FLOAT32, contract.OPTIONAL) at its default is left out, so a plugin made from
+        // the first plugin's 18 fields serialises those 18, byte for byte.
+        if (i >= kCRISP_NB_REQUIRED_FIELDS && std::memcmp(data, slot(defaults, i), sizeof(int32_t)) == 0)
+        {
+            continue;
+        }
         int32_t length = 1;
         if (kFIELDS[i].type == PluginFieldType::kCHAR)
         {

@@ -15,14 +15,16 @@
 namespace crisp
 {
 
-//! The creator's field schema: one entry per field, all required, each of length 1 (strings: their length).
+//! The creator's field schema: one entry per field, each of length 1 (strings: their length); the first
+//! kCRISP_NB_REQUIRED_FIELDS are required, the optional ones (chunked, return_lse) default to 0.
 nvinfer1::PluginFieldCollection const* crispFieldNames() noexcept;
 
 //! Parse and validate a field collection. On failure returns false and sets `error` to one line naming the
 //! field and what was expected; never reads past a field's declared length.
 bool parseCrispFields(nvinfer1::PluginFieldCollection const* fc, CrispParams& out, std::string& error) noexcept;
 
-//! Fields describing `params`; the PluginField data points into `params`, which must outlive their use.
+//! Fields describing `params` (optional fields only where they differ from their defaults); the PluginField data
+//! points into `params`, which must outlive their use.
 std::vector<nvinfer1::PluginField> crispFieldsOf(CrispParams const& params);
 
 } // namespace crisp

@@ -15,8 +15,20 @@ namespace
 char const* const kNAME{"CrispPrefillAttention"};
 char const* const kVERSION{"1"};
 char const* const kNAMESPACE{"crisp"};
-constexpr int32_t kNB_INPUTS{4};
+constexpr int32_t kMAX_INPUTS{5};
 constexpr int32_t kSEQLENS{3};
+constexpr int32_t kSEQLENS_K{4}; // the optional key offsets (field chunked = 1)
+
+// q, k, v, cu_seqlens (, cu_seqlens_k) and out (, lse): the optional ones chosen by the fields.
+int32_t inputsOf(CrispParams const& p)
+{
+    return 4 + p.chunked;
+}
+
+int32_t outputsOf(CrispParams const& p)
+{
+    return 1 + p.returnLse;
+}
 
 bool isHalf(DataType type)
 {
@@ -29,18 +41,21 @@ bool dimMatches(int64_t value, int64_t expected)
     return value == -1 || value == expected;
 }
 
-// q, k, v are [tokens, heads, head_dim] with the plugin's head counts, cu_seqlens is [batch + 1].
+// q, k, v are [tokens, heads, head_dim] with the plugin's head counts (k and v: the key tokens, q's own unless
+// chunked), cu_seqlens (and cu_seqlens_k) [batch + 1].
 bool shapesMatch(Dims const* in, int32_t nbInputs, CrispParams const& p)
 {
-    if (nbInputs != kNB_INPUTS || in[kSEQLENS].nbDims != 1)
+    if (nbInputs != inputsOf(p) || in[kSEQLENS].nbDims != 1
+        || (p.chunked != 0 && (in[kSEQLENS_K].nbDims != 1 || !dimMatches(in[kSEQLENS_K].d[0], in[kSEQLENS].d[0]))))
     {
         return false;
     }
     int64_t const heads[3] = {p.numHeads, p.numKvHeads, p.numKvHeads};
+    int64_t const tokens[3] = {in[0].d[0], p.chunked != 0 ? in[1].d[0] : in[0].d[0], in[1].d[0]};
     for (int32_t i = 0; i < 3; ++i)
     {
         if (in[i].nbDims != 3 || !dimMatches(in[i].d[1], heads[i]) || !dimMatches(in[i].d[2], p.headDim)
-            || !dimMatches(in[i].d[0], in[0].d[0]))
+            || !dimMatches(in[i].d[0], tokens[i]))
         {
             return false;
         }
@@ -87,18 +102,24 @@ char const* CrispPrefillAttentionPlugin::getPluginNamespace() const noexcept
 
 int32_t CrispPrefillAttentionPlugin::getNbOutputs() const noexcept
 {
-    return 1;
+    return outputsOf(mParams);
 }
 
 int32_t CrispPrefillAttentionPlugin::getOutputDataTypes(
     DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
 {
-    if (nbOutputs != 1 || nbInputs != kNB_INPUTS || !isHalf(inputTypes[0]))
+    if (nbOutputs != outputsOf(mParams) || nbInputs != inputsOf(mParams) || !isHalf(inputTypes[0]))
     {
-        logError("getOutputDataTypes: expected 4 inputs (q fp16/bf16, k, v, cu_seqlens) and 1 output");
+        logError("getOutputDataTypes: expected " + std::to_string(inputsOf(mParams)) + " inputs (q fp16/bf16, k, v, "
+            + "cu_seqlens" + (mParams.chunked != 0 ? ", cu_seqlens_k" : "") + ") and "
+            + std::to_string(outputsOf(mParams)) + " output(s)");
         return -1;
     }
     outputTypes[0] = inputTypes[0];
+    if (mParams.returnLse != 0)
+    {
+        outputTypes[1] = DataType::kFLOAT;
+    }
     return 0;
 }
 
@@ -106,22 +127,29 @@ int32_t CrispPrefillAttentionPlugin::getOutputShapes(DimsExprs const* inputs, in
     DimsExprs const* /* shapeInputs */, int32_t /* nbShapeInputs */, DimsExprs* outputs, int32_t nbOutputs,
     IExprBuilder& exprBuilder) noexcept
 {
-    if (nbInputs != kNB_INPUTS || nbOutputs != 1 || inputs[0].nbDims != 3)
+    if (nbInputs != inputsOf(mParams) || nbOutputs != outputsOf(mParams) || inputs[0].nbDims != 3)
     {
-        logError("getOutputShapes: expected q [tokens, num_heads, head_dim], k, v, cu_seqlens and 1 output");
+        logError("getOutputShapes: expected q [tokens, num_heads, head_dim], k, v, cu_seqlens (, cu_seqlens_k) and "
+            + std::to_string(outputsOf(mParams)) + " output(s)");
         return -1;
     }
     outputs[0].nbDims = 3;
     outputs[0].d[0] = inputs[0].d[0];
     outputs[0].d[1] = exprBuilder.constant(mParams.numHeads);
     outputs[0].d[2] = exprBuilder.constant(mParams.headDim);
+    if (mParams.returnLse != 0) // lse [tokens, num_heads]
+    {
+        outputs[1].nbDims = 2;
+        outputs[1].d[0] = inputs[0].d[0];
+        outputs[1].d[1] = exprBuilder.constant(mParams.numHeads);
+    }
     return 0;
 }
 
 bool CrispPrefillAttentionPlugin::supportsFormatCombination(
     int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
 {
-    if (nbInputs != kNB_INPUTS || nbOutputs != 1 || pos < 0 || pos > kNB_INPUTS)
+    if (nbInputs != inputsOf(mParams) || nbOutputs != outputsOf(mParams) || pos < 0 || pos >= nbInputs + nbOutputs)
     {
         return false;
     }
@@ -130,9 +158,13 @@ bool CrispPrefillAttentionPlugin::supportsFormatCombination(
     {
         return false;
     }
-    if (pos == kSEQLENS)
+    if (pos == kSEQLENS || (pos == kSEQLENS_K && mParams.chunked != 0))
     {
         return desc.type == DataType::kINT32;
+    }
+    if (pos == nbInputs + 1) // lse
+    {
+        return desc.type == DataType::kFLOAT;
     }
     return pos == 0 ? isHalf(desc.type) : desc.type == inOut[0].desc.type;
 }
@@ -141,18 +173,18 @@ int32_t CrispPrefillAttentionPlugin::configurePlugin(
     DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /* out */,
     int32_t nbOutputs) noexcept
 {
-    Dims dims[kNB_INPUTS];
-    for (int32_t i = 0; i < kNB_INPUTS && i < nbInputs; ++i)
+    Dims dims[kMAX_INPUTS];
+    for (int32_t i = 0; i < kMAX_INPUTS && i < nbInputs; ++i)
     {
         dims[i] = in[i].desc.dims;
     }
-    if (nbOutputs != 1 || !shapesMatch(dims, nbInputs, mParams))
+    if (nbOutputs != outputsOf(mParams) || !shapesMatch(dims, nbInputs, mParams))
     {
         logError("configurePlugin: q/k/v must be [tokens, heads, head_dim] matching num_heads, num_kv_heads, "
-                 "head_dim, and cu_seqlens [batch + 1]");
+                 "head_dim (k and v: q's tokens unless chunked), and cu_seqlens (, cu_seqlens_k) [batch + 1]");
         return -1;
     }
-    int64_t const maxTokens = in[0].max.d[0];
+    int64_t const maxTokens = in[1].max.d[0]; // the keys: sizes follow the longest kv sequence
     int64_t const maxBatch = in[kSEQLENS].max.d[0] - 1;
     if (maxTokens > crispMaxTokens() || maxBatch > 65535)
     {
@@ -174,22 +206,22 @@ int32_t CrispPrefillAttentionPlugin::configurePlugin(
 size_t CrispPrefillAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
     DynamicPluginTensorDesc const* /* outputs */, int32_t /* nbOutputs */) const noexcept
 {
-    if (nbInputs != kNB_INPUTS)
+    if (nbInputs != inputsOf(mParams))
     {
         return 0;
     }
-    return crispWorkspaceLayout(mParams, inputs[kSEQLENS].max.d[0] - 1, inputs[0].max.d[0]).total;
+    return crispWorkspaceLayout(mParams, inputs[kSEQLENS].max.d[0] - 1, inputs[1].max.d[0]).total;
 }
 
 int32_t CrispPrefillAttentionPlugin::onShapeChange(
     PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /* out */, int32_t nbOutputs) noexcept
 {
-    Dims dims[kNB_INPUTS];
-    for (int32_t i = 0; i < kNB_INPUTS && i < nbInputs; ++i)
+    Dims dims[kMAX_INPUTS];
+    for (int32_t i = 0; i < kMAX_INPUTS && i < nbInputs; ++i)
     {
         dims[i] = in[i].dims;
     }
-    if (nbOutputs != 1 || !shapesMatch(dims, nbInputs, mParams))
+    if (nbOutputs != outputsOf(mParams) || !shapesMatch(dims, nbInputs, mParams))
     {
         logError("onShapeChange: input shapes do not match the plugin's fields");
         return -1;
@@ -205,12 +237,15 @@ int32_t CrispPrefillAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc,
     args.params = &mParams;
     args.bf16 = inputDesc[0].type == DataType::kBF16;
     args.tokens = inputDesc[0].dims.d[0];
+    args.tokensK = inputDesc[1].dims.d[0];
     args.batch = inputDesc[kSEQLENS].dims.d[0] - 1;
     args.q = inputs[0];
     args.k = inputs[1];
     args.v = inputs[2];
     args.cuSeqlens = static_cast<int32_t const*>(inputs[kSEQLENS]);
+    args.cuSeqlensK = static_cast<int32_t const*>(inputs[mParams.chunked != 0 ? kSEQLENS_K : kSEQLENS]);
     args.out = outputs[0];
+    args.lse = mParams.returnLse != 0 ? static_cast<float*>(outputs[1]) : nullptr;
     args.workspace = workspace;
     return crispLaunchPrefill(args, stream);
 }

@@ -1,11 +1,14 @@
 /*
  * CrispPrefillAttention (version "1", namespace "crisp"): CRISP sparse prefill attention as an IPluginV3.
  *
- * Inputs  0 q          [tokens, num_heads,    head_dim]  fp16 or bf16, linear
- *         1 k          [tokens, num_kv_heads, head_dim]  same type as q
- *         2 v          [tokens, num_kv_heads, head_dim]  same type as q
- *         3 cu_seqlens [batch + 1]                        int32, prefix sums of the packed sequence lengths
- * Output  0 out        [tokens, num_heads,    head_dim]  same type as q (causal attention per sequence)
+ * Inputs  0 q            [tokens,   num_heads,    head_dim]  fp16 or bf16, linear
+ *         1 k            [tokens_k, num_kv_heads, head_dim]  same type as q (tokens_k = tokens unless chunked)
+ *         2 v            [tokens_k, num_kv_heads, head_dim]  same type as q
+ *         3 cu_seqlens   [batch + 1]                          int32, prefix sums of the packed query lengths
+ *         4 cu_seqlens_k [batch + 1]                          int32, of the key lengths (field chunked = 1 only)
+ * Outputs 0 out          [tokens, num_heads, head_dim]  same type as q (causal attention per sequence; a chunk's
+ *                                                        queries are the last positions of its keys)
+ *         1 lse          [tokens, num_heads]            f32, natural-log LSE per row (field return_lse = 1 only)
  * Fields: see crispPrefillAttentionParams.h and README.md.
  */
 #pragma once

@@ -27,6 +27,7 @@ import pytest
 
 from crisp_trt import CrispConfig, crisp_prefill_attention, method_config
 from crisp_trt import plugin
+from crisp_trt.kernels import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ_COLLECTIONS = 10_000
@@ -89,6 +90,11 @@ def test_fields_cover_config_and_heads():
     fields = plugin.plugin_fields(CrispConfig(), 32, 8, 128)
     names = [name for name, _, _ in fields]
     assert names == list(CrispConfig().to_dict()) + ["num_heads", "num_kv_heads", "head_dim"]
+    optional = plugin.plugin_fields(CrispConfig(), 32, 8, 128, chunked=True, return_lse=True)
+    assert [n for n, _, _ in optional] == names + ["chunked", "return_lse"]
+    assert [n for n, _, _ in optional] == [n for n, _ in contract.FIELDS]
+    assert all(v.tolist() == [1] and k == "INT32" for _, v, k in optional[-2:])
+    assert [n for n, _, _ in plugin.plugin_fields(CrispConfig(), 32, 8, 128, return_lse=True)][-1] == "return_lse"
     kinds = {name: kind for name, _, kind in fields}
     assert kinds["kappa"] == "FLOAT32" and kinds["routing"] == "CHAR" and kinds["block_size"] == "INT32"
     values = {name: value for name, value, _ in fields}
@@ -172,7 +178,8 @@ def test_schema_matches_python(built, lean_runtime):
     run = _check(built, lean_runtime, "fields")
     assert run.returncode == 0, run.stdout + run.stderr
     schema = [line.split() for line in run.stdout.splitlines() if not line.startswith("ok ")]
-    assert schema == [[name, kind] for name, _, kind in plugin.plugin_fields(CrispConfig(), 32, 8, 128)]
+    assert schema == [[name, kind] for name, _, kind in plugin.plugin_fields(CrispConfig(), 32, 8, 128, chunked=True,
+                                                                              return_lse=True)]
 
 
 def test_create_clone_roundtrip_build_queries_malformed(built, lean_runtime):
@@ -184,21 +191,39 @@ def test_create_clone_roundtrip_build_queries_malformed(built, lean_runtime):
 
 
 CONFIGS = [
-    (CrispConfig(), (32, 8, 128)),
-    (method_config("flexprefill"), (32, 8, 128)),
-    (method_config("crisp_jsd"), (9, 3, 64)),
+    (CrispConfig(), (32, 8, 128), {}),
+    (method_config("flexprefill"), (32, 8, 128), {}),
+    (method_config("crisp_jsd"), (9, 3, 64), {}),
     (CrispConfig(block_size=64, last_q=32, kappa=0.1, floor_quantile=0.25, tau=0.0, min_budget=0,
-                 max_budget=64, dense_below=0, floor_samples=16, gamma=1.0), (1, 1, 256)),
+                 max_budget=64, dense_below=0, floor_samples=16, gamma=1.0), (1, 1, 256), {}),
+    (CrispConfig(), (32, 8, 128), {"chunked": True, "return_lse": True}),
+    (method_config("crisp_jsd"), (9, 3, 64), {"return_lse": True}),
 ]
 
 
-@pytest.mark.parametrize("config,heads", CONFIGS)
-def test_python_fields_roundtrip_exactly(built, lean_runtime, tmp_path, config, heads):
-    text = _serialised(plugin.plugin_fields(config, *heads))
+@pytest.mark.parametrize("config,heads,optional", CONFIGS)
+def test_python_fields_roundtrip_exactly(built, lean_runtime, tmp_path, config, heads, optional):
+    """Serialised fields come back byte for byte: the first plugin's 18 as 18, the optional ones only when set."""
+    text = _serialised(plugin.plugin_fields(config, *heads, **optional))
     (tmp_path / "fields").write_text(text)
     run = _check(built, lean_runtime, "roundtrip", str(tmp_path / "fields"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.split("\n", 1)[1] == text
+
+
+def test_first_plugins_fields_make_the_same_plugin(built, lean_runtime, tmp_path):
+    """A field set from before the optional fields (18 fields) and one with chunked = return_lse = 0 create the
+    same plugin: both serialise as the 18 fields, with the same workspace."""
+    old = _serialised(plugin.plugin_fields(CrispConfig(), 32, 8, 128))
+    zeros = old + "".join(f"{n} INT32 {np.array([0], np.int32).tobytes().hex()}\n" for n in ("chunked", "return_lse"))
+    outputs = []
+    for text in (old, zeros):
+        (tmp_path / "fields").write_text(text)
+        run = _check(built, lean_runtime, "roundtrip", str(tmp_path / "fields"))
+        assert run.returncode == 0, run.stdout + run.stderr
+        workspace = _check(built, lean_runtime, "workspace", str(tmp_path / "fields"), "8192", "2")
+        outputs.append((run.stdout.split("\n", 1)[1], workspace.stdout.split("workspace ")[1]))
+    assert outputs[0] == outputs[1] and outputs[0][0] == old
 
 
 def test_python_fields_out_of_range_rejected(built, lean_runtime, tmp_path):
@@ -257,13 +282,16 @@ def test_aot_images_match_the_launch_contract(aot_images):
             {n: int(fixed[n]) for n in launch.constexpr_names(fn) if n in fixed}
 
 
-@pytest.mark.parametrize("cfg,heads,d", [(CrispConfig(block_size=64, dense_below=0), (4, 2), 64),
-                                         (method_config("flexprefill").replace(dense_below=0, last_q=32), (6, 2), 128),
-                                         (method_config("crisp_jsd").replace(block_size=64, min_budget=0), (3, 3), 256)])
-def test_aot_options_match_the_torch_launcher(monkeypatch, cfg, heads, d):
+@pytest.mark.parametrize("cfg,heads,d,chunked", [
+    (CrispConfig(block_size=64, dense_below=0), (4, 2), 64, False),
+    (method_config("flexprefill").replace(dense_below=0, last_q=32), (6, 2), 128, False),
+    (method_config("crisp_jsd").replace(block_size=64, min_budget=0), (3, 3), 256, False),
+    (CrispConfig(block_size=64, dense_below=0), (4, 2), 64, True)])
+def test_aot_options_match_the_torch_launcher(monkeypatch, cfg, heads, d, chunked):
     """Every launch of the torch op is one the plugin makes: a cubin the AOT build compiles (same variant
     constexprs, fixed constexprs and num_warps/num_stages), in the contract's order with its grids, and every
-    argument (workspace buffer, scalar, variant constexpr) the value the contract gives the plugin."""
+    argument (workspace buffer, scalar, variant constexpr) the value the contract gives the plugin (chunked: a
+    chunked plugin with the LSE output, whose cu_k_ptr is cu_seqlens_k)."""
     import torch
     from triton.runtime.jit import KernelInterface
     from crisp_trt.kernels import aot as aot_kernels
@@ -273,11 +301,15 @@ def test_aot_options_match_the_torch_launcher(monkeypatch, cfg, heads, d):
     monkeypatch.setattr(launch, "_COMPILED", {})  # every launch through the JIT's entry point, recorded here
     monkeypatch.setattr(KernelInterface, "__getitem__",
                         lambda fn, grid: lambda *args, **kwargs: seen.append((launch.name(fn), grid, args, kwargs)))
-    total, seqs, max_seqlen = 300, 2, 300
+    total_k, seqs, max_seqlen = 300, 2, 300
+    total = 130 if chunked else total_k
     q = torch.zeros(total, heads[0], d, dtype=torch.float16)
-    k = torch.zeros(total, heads[1], d, dtype=torch.float16)
-    crisp_cuda(q, k, k, torch.tensor([0, 100, 300], dtype=torch.int32), max_seqlen, cfg)
-    names = contract.names_of(cfg, **contract.dims(seqs, *heads, d, total), max_seqlen=max_seqlen)
+    k = torch.zeros(total_k, heads[1], d, dtype=torch.float16)
+    cu_k = torch.tensor([0, 100, 300], dtype=torch.int32)
+    cu = torch.tensor([0, 30, 130], dtype=torch.int32) if chunked else cu_k
+    crisp_cuda(q, k, k, cu, max_seqlen, cfg, cu_seqlens_k=cu_k, return_lse=chunked)
+    names = contract.names_of(cfg, **contract.dims(seqs, *heads, d, total, total_k), max_seqlen=max_seqlen,
+                              chunked=int(chunked), return_lse=int(chunked))
     names.update(contract.sizes(cfg, max_seqlen))
     order = [(stage, tuple(contract.evaluate(g, names) for g in grid))
              for stage, grid, cond in contract.LAUNCHES if contract.evaluate(cond, names)]
@@ -322,17 +354,19 @@ def test_aot_generated_table_compiles(aot_images, tmp_path):
     assert "crispKernelImages" in symbols and symbols.count("crisp_cubin_") >= len(aot_images)
 
 
-WORKSPACE_CASES = [(CrispConfig(), (32, 8, 128), 8192, 1), (CrispConfig(), (32, 8, 128), 131072, 1),
-                   (method_config("crisp_jsd"), (9, 3, 64), 13394, 5),
-                   (CrispConfig(block_size=64, last_q=32, min_budget=0, max_budget=64), (1, 1, 256), 1000, 3),
-                   (CrispConfig(), (32, 8, 128), 524288, 1)]
+WORKSPACE_CASES = [(CrispConfig(), (32, 8, 128), 8192, 1, {}), (CrispConfig(), (32, 8, 128), 131072, 1, {}),
+                   (method_config("crisp_jsd"), (9, 3, 64), 13394, 5, {}),
+                   (CrispConfig(block_size=64, last_q=32, min_budget=0, max_budget=64), (1, 1, 256), 1000, 3, {}),
+                   (CrispConfig(), (32, 8, 128), 524288, 1, {}),
+                   (CrispConfig(), (32, 8, 128), 131072, 2, {"chunked": True, "return_lse": True})]
 
 
-@pytest.mark.parametrize("cfg,heads,tokens,batch", WORKSPACE_CASES)
-def test_workspace_matches_the_torch_buffers(built, lean_runtime, tmp_path, cfg, heads, tokens, batch):
-    """getWorkspaceSize = the torch op's workspace (launch.Workspace) for that profile maximum."""
+@pytest.mark.parametrize("cfg,heads,tokens,batch,optional", WORKSPACE_CASES)
+def test_workspace_matches_the_torch_buffers(built, lean_runtime, tmp_path, cfg, heads, tokens, batch, optional):
+    """getWorkspaceSize = the torch op's workspace (launch.Workspace) for that profile maximum (chunked: of its
+    key tokens)."""
     from crisp_trt.kernels import launch
-    (tmp_path / "fields").write_text(_serialised(plugin.plugin_fields(cfg, *heads)))
+    (tmp_path / "fields").write_text(_serialised(plugin.plugin_fields(cfg, *heads, **optional)))
     run = _check(built, lean_runtime, "workspace", str(tmp_path / "fields"), str(tokens), str(batch))
     assert run.returncode == 0, run.stdout + run.stderr
     got = int(run.stdout.split("workspace ")[1])
@@ -351,6 +385,12 @@ GPU_CASES = [  # (id, sequence lengths, heads, kv heads, head_dim, dtype, config
     ("flexprefill-8k", [8192], 32, 8, 128, "bfloat16", method_config("flexprefill")),
     ("jsd-gamma-9-3", [6000, 2000], 9, 3, 64, "bfloat16", method_config("crisp_jsd").replace(budget="cumulative")),
     ("dense-8k", [8192], 32, 8, 128, "bfloat16", CrispConfig(dense_below=1 << 30)),
+]
+CHUNK_GPU_CASES = [  # (id, kv lengths, query lengths: each sequence's last positions, heads, kv heads, d, dtype, config)
+    ("128k-chunk-8k", [131072], [8192], 32, 8, 128, "bfloat16", SPARSE),
+    ("varlen-chunks", [9000, 4096, 3000, 700], [1000, 4096, 37, 700], 32, 8, 128, "float16", SPARSE),
+    ("chunks-9-3-d64-jsd", [6000, 2000], [129, 2000], 9, 3, 64, "bfloat16",
+     method_config("crisp_jsd").replace(block_size=64)),
 ]
 
 
@@ -379,6 +419,20 @@ def test_enqueue_equals_the_torch_op(harness, case):
     assert torch.isfinite(out).all() and torch.equal(out, ref), f"op repeats itself: {torch.equal(torch_fn(), ref)}"
 
 
+@pytest.mark.parametrize("case", CHUNK_GPU_CASES, ids=[c[0] for c in CHUNK_GPU_CASES])
+def test_chunked_enqueue_equals_the_torch_op(harness, case):
+    """A chunked plugin with the LSE output: out and lse are the op's (cu_seqlens_k, max_seqlen_k = key tokens,
+    return_lse) bit for bit."""
+    import plugin_harness as aot_harness
+    import torch
+    _, lens, chunks, heads, kv_heads, d, dtype, cfg = case
+    (out, lse), (ref, ref_lse), _, torch_fn, handle = aot_harness.run_both(
+        harness, lens, heads, kv_heads, d, getattr(torch, dtype), cfg, chunks=chunks)
+    harness.destroy(handle)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse), f"op repeats itself: {torch.equal(torch_fn()[0], ref)}"
+
+
 def test_enqueue_poisons_bad_inputs(harness):
     import plugin_harness as aot_harness
     import torch
@@ -392,6 +446,15 @@ def test_enqueue_poisons_bad_inputs(harness):
     torch.cuda.synchronize()
     harness.destroy(handle)
     assert torch.isnan(out).all()
+    # chunked with the LSE: a sequence with more queries than keys poisons out and lse
+    handle = harness.create(SPARSE, 9, 3, 64, False, 3000, 2, 5000, chunked=True, lse=True)
+    q_chunk, lse = q[:3000].contiguous(), torch.empty(3000, 9, device="cuda")
+    out = torch.empty_like(q_chunk)
+    harness.enqueue(handle, q_chunk, k, v, torch.tensor([0, 2500, 3000], dtype=torch.int32, device="cuda"), out,
+                    torch.tensor([0, 2000, 5000], dtype=torch.int32, device="cuda"), lse)
+    torch.cuda.synchronize()
+    harness.destroy(handle)
+    assert torch.isnan(out).all() and torch.isnan(lse).all()
 
 
 def test_the_torch_op_runs_the_embedded_cubins(harness, built):
@@ -404,6 +467,8 @@ def test_the_torch_op_runs_the_embedded_cubins(harness, built):
     for cfg in (SPARSE, method_config("crisp_jsd").replace(budget="cumulative")):
         q, k, v, cu = aot_harness.inputs([8192], 9, 3, 64, torch.bfloat16)
         crisp_prefill_attention(q, k, v, config=cfg, cu_seqlens=cu)
+        crisp_prefill_attention(q[-1000:], k, v, config=cfg, cu_seqlens=torch.tensor([0, 1000], dtype=torch.int32,
+                                device="cuda"), cu_seqlens_k=cu, return_lse=True)  # a chunk: the same cubins
     torch.cuda.synchronize()
     missing = []
     for stage, fn in aot_kernels.KERNELS.items():

@@ -43,6 +43,7 @@ FIELDS = tuple((f, "CHAR" if isinstance(v, str) else "FLOAT32" if isinstance(v, 
     ("num_heads", "INT32"), ("num_kv_heads", "INT32"), ("head_dim", "INT32")) + tuple(
     (f, "INT32") for f in OPTIONAL)
 REQUIRED_FIELDS = len(FIELDS) - len(OPTIONAL)
+assert all(isinstance(v, (int, float)) for v in OPTIONAL.values())  # 4-byte values: the plugin compares them so
 
 # Range checks in order: (field, predicate, what is expected). The first that fails names its field. They
 # restate CrispConfig.__post_init__ (tests/test_launch.py probes both at every boundary).

@@ -3,7 +3,8 @@
  *
  *   crisp_plugin_check <runtime.so> <plugin.so> fields            field schema: "name TYPE" lines
  *   crisp_plugin_check <runtime.so> <plugin.so> check             creator, create, clone, build queries,
- *                                                                 round trip, malformed collections
+ *                                                                 round trip, malformed collections, the
+ *                                                                 optional fields (chunked, return_lse)
  *   crisp_plugin_check <runtime.so> <plugin.so> roundtrip FILE    FILE: "name TYPE hexbytes" lines; prints
  *                                                                 getFieldsToSerialize in the same format
  *   crisp_plugin_check <runtime.so> <plugin.so> fuzz N SEED       N random/malformed collections
@@ -25,6 +26,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace nvinfer1;
@@ -113,7 +115,10 @@ Field charField(std::string name, std::string const& s)
     return makeField(std::move(name), PluginFieldType::kCHAR, s.data(), s.size(), static_cast<int32_t>(s.size()));
 }
 
-// CrispConfig() defaults, GQA 32/8, d = 128.
+// The required fields' count; chunked and return_lse follow, optional.
+constexpr int32_t kREQUIRED_FIELDS = 18;
+
+// CrispConfig() defaults, GQA 32/8, d = 128: the first plugin's 18 fields.
 FieldSet validFields()
 {
     FieldSet s;
@@ -256,6 +261,71 @@ void checkBuildQueries(IPluginV3& plugin)
     expect(!build->supportsFormatCombination(5, bad, 4, 1), "rejects pos out of range");
 }
 
+// A chunked plugin with the LSE output: q [tokens] with k, v [key tokens], cu_seqlens and cu_seqlens_k, out, lse.
+void checkChunkedBuildQueries(IPluginV3& plugin)
+{
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin.getCapabilityInterface(PluginCapabilityType::kBUILD));
+    expect(build->getNbOutputs() == 2, "chunked + lse: two outputs");
+    int64_t const maxQ = 8192;
+    int64_t const maxK = 131072;
+    DynamicPluginTensorDesc io[7] = {tensor(DataType::kBF16, {-1, 32, 128}, {maxQ, -1, -1}),
+        tensor(DataType::kBF16, {-1, 8, 128}, {maxK, -1, -1}), tensor(DataType::kBF16, {-1, 8, 128}, {maxK, -1, -1}),
+        tensor(DataType::kINT32, {-1}, {9}), tensor(DataType::kINT32, {-1}, {9}),
+        tensor(DataType::kBF16, {-1, 32, 128}, {maxQ, -1, -1}), tensor(DataType::kFLOAT, {-1, 32}, {maxQ, -1})};
+    for (int32_t pos = 0; pos < 7; ++pos)
+    {
+        expect(build->supportsFormatCombination(pos, io, 5, 2), "chunked: supported format at " + std::to_string(pos));
+    }
+    DataType outs[2]{};
+    DataType const types[5] = {DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kINT32, DataType::kINT32};
+    expect(build->getOutputDataTypes(outs, 2, types, 5) == 0 && outs[0] == DataType::kBF16 && outs[1] == DataType::kFLOAT,
+        "chunked: output types bf16 and f32");
+    expect(build->getOutputDataTypes(outs, 1, types, 4) != 0, "chunked: 4 inputs / 1 output rejected");
+    expect(build->configurePlugin(io, 5, io + 5, 2) == 0, "chunked: configurePlugin");
+    size_t const rows = 8 * 32 * (maxK / 128); // the workspace follows the keys' tokens
+    expect(build->getWorkspaceSize(io, 5, io + 5, 2) >= rows * (maxK / 128) * sizeof(float),
+        "chunked: workspace covers select's scratch for the key tokens");
+    expect(build->configurePlugin(io, 4, io + 5, 2) != 0, "chunked: configurePlugin rejects 4 inputs");
+    DynamicPluginTensorDesc bad[7];
+    std::copy(io, io + 7, bad);
+    bad[6].desc.type = DataType::kHALF;
+    expect(!build->supportsFormatCombination(6, bad, 5, 2), "rejects an fp16 lse");
+    bad[4].desc.type = DataType::kHALF;
+    expect(!build->supportsFormatCombination(4, bad, 5, 2), "rejects fp16 cu_seqlens_k");
+    bad[2].desc.dims.d[0] = 100;
+    bad[1].desc.dims.d[0] = 200;
+    expect(build->configurePlugin(bad, 5, bad + 5, 2) != 0, "chunked: rejects k and v of different token counts");
+}
+
+// The optional fields: a set without them (the first plugin's 18) and one with them at their defaults make the
+// same plugin, serialising the 18; set, they round-trip as 20 fields and add an input and an output.
+void checkOptionalFields(Runtime& rt, std::string const& expected)
+{
+    FieldSet zeros = validFields();
+    zeros.fields.push_back(intField("chunked", 0));
+    zeros.fields.push_back(intField("return_lse", 0));
+    PluginPtr same = create(rt, zeros.collection());
+    expect(same != nullptr && roundTrips(rt, *same, expected), "optional fields at 0: the 18-field plugin");
+    for (auto const& [name, inputs, outputs] : {std::tuple<char const*, int32_t, int32_t>{"chunked", 5, 1},
+             {"return_lse", 4, 2}, {"both", 5, 2}})
+    {
+        FieldSet s = validFields();
+        std::string const which = name;
+        if (which != "return_lse") s.fields.push_back(intField("chunked", 1));
+        if (which != "chunked") s.fields.push_back(intField("return_lse", 1));
+        std::string const fields = describe(s.collection());
+        PluginPtr p = create(rt, s.collection());
+        expect(p != nullptr && roundTrips(rt, *p, fields), which + ": creates and round-trips");
+        if (p == nullptr) continue;
+        auto* build = static_cast<IPluginV3OneBuild*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        expect(build->getNbOutputs() == outputs, which + ": " + std::to_string(outputs) + " outputs");
+        DataType const types[5] = {DataType::kHALF, DataType::kHALF, DataType::kHALF, DataType::kINT32, DataType::kINT32};
+        DataType outs[2]{};
+        expect(build->getOutputDataTypes(outs, outputs, types, inputs) == 0, which + ": " + std::to_string(inputs) + " inputs");
+        if (which == "both") checkChunkedBuildQueries(*p);
+    }
+}
+
 // Each case mutates the valid set; every one must be rejected with nullptr.
 std::vector<std::pair<std::string, std::function<void(FieldSet&)>>> malformedCases()
 {
@@ -308,15 +378,26 @@ std::vector<std::pair<std::string, std::function<void(FieldSet&)>>> malformedCas
     {
         cases.emplace_back("out of range " + r.first, set(r.first, r.second));
     }
+    for (char const* name : {"chunked", "return_lse"})
+    {
+        std::string const n = name;
+        cases.emplace_back("out of range " + n, [n](FieldSet& s) { s.fields.push_back(intField(n, 2)); });
+        cases.emplace_back("negative " + n, [n](FieldSet& s) { s.fields.push_back(intField(n, -1)); });
+        cases.emplace_back("wrong type " + n, [n](FieldSet& s) { s.fields.push_back(floatField(n, 1.F)); });
+        cases.emplace_back("duplicate " + n, [n](FieldSet& s) {
+            s.fields.push_back(intField(n, 1));
+            s.fields.push_back(intField(n, 1));
+        });
+    }
     return cases;
 }
 
 int check(Runtime& rt)
 {
     FieldSet valid = validFields();
-    int32_t const nbFields = static_cast<int32_t>(valid.fields.size());
-    expect(rt.creator->getFieldNames() != nullptr && rt.creator->getFieldNames()->nbFields == nbFields,
-        std::to_string(nbFields) + " fields");
+    expect(static_cast<int32_t>(valid.fields.size()) == kREQUIRED_FIELDS, "the first plugin's 18 fields");
+    expect(rt.creator->getFieldNames() != nullptr && rt.creator->getFieldNames()->nbFields == kREQUIRED_FIELDS + 2,
+        "18 required fields + chunked, return_lse");
     std::string const expected = describe(valid.collection());
     PluginPtr plugin = create(rt, valid.collection());
     expect(plugin != nullptr, "create from valid fields");
@@ -328,6 +409,7 @@ int check(Runtime& rt)
     auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
     PluginPtr attached(runtime->attachToContext(nullptr));
     expect(attached != nullptr && roundTrips(rt, *attached, expected), "attachToContext round-trips");
+    checkOptionalFields(rt, expected);
 
     FieldSet nulTerminated = validFields();
     for (auto& f : nulTerminated.fields)
@@ -467,17 +549,22 @@ int workspace(Runtime& rt, char const* path, int64_t tokens, int64_t batch)
     int64_t const heads = field("num_heads");
     int64_t const kvHeads = field("num_kv_heads");
     int64_t const dim = field("head_dim");
-    DynamicPluginTensorDesc io[5] = {tensor(DataType::kHALF, {-1, heads, dim}, {tokens, -1, -1}),
+    int32_t const inputs = 4 + static_cast<int32_t>(field("chunked"));
+    int32_t const outputs = 1 + static_cast<int32_t>(field("return_lse"));
+    // q, k, v, cu_seqlens (, cu_seqlens_k), out (, lse); queries as many as keys (the profile's maximum)
+    std::vector<DynamicPluginTensorDesc> io = {tensor(DataType::kHALF, {-1, heads, dim}, {tokens, -1, -1}),
         tensor(DataType::kHALF, {-1, kvHeads, dim}, {tokens, -1, -1}),
-        tensor(DataType::kHALF, {-1, kvHeads, dim}, {tokens, -1, -1}), tensor(DataType::kINT32, {-1}, {batch + 1}),
-        tensor(DataType::kHALF, {-1, heads, dim}, {tokens, -1, -1})};
+        tensor(DataType::kHALF, {-1, kvHeads, dim}, {tokens, -1, -1}), tensor(DataType::kINT32, {-1}, {batch + 1})};
+    if (inputs == 5) io.push_back(tensor(DataType::kINT32, {-1}, {batch + 1}));
+    io.push_back(tensor(DataType::kHALF, {-1, heads, dim}, {tokens, -1, -1}));
+    if (outputs == 2) io.push_back(tensor(DataType::kFLOAT, {-1, heads}, {tokens, -1}));
     auto* build = static_cast<IPluginV3OneBuild*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
-    if (build->configurePlugin(io, 4, io + 4, 1) != 0)
+    if (build->configurePlugin(io.data(), inputs, io.data() + inputs, outputs) != 0)
     {
         std::printf("REJECTED configurePlugin\n");
         return 2;
     }
-    std::printf("workspace %zu\n", build->getWorkspaceSize(io, 4, io + 4, 1));
+    std::printf("workspace %zu\n", build->getWorkspaceSize(io.data(), inputs, io.data() + inputs, outputs));
     return 0;
 }
 

@@ -5,8 +5,10 @@
  *   crisp_harness_create   build phase: createPlugin, getOutputDataTypes, getOutputShapes (a constant-folding
  *                          IExprBuilder), supportsFormatCombination, configurePlugin, getWorkspaceSize; then the
  *                          runtime phase as an engine does it: createPlugin(kRUNTIME) from getFieldsToSerialize,
- *                          attachToContext; allocates the workspace
- *   crisp_harness_enqueue  onShapeChange + enqueue on the caller's stream (no synchronisation)
+ *                          attachToContext; allocates the workspace. With the fields chunked / return_lse the
+ *                          plugin has the cu_seqlens_k input / the lse output too.
+ *   crisp_harness_enqueue  onShapeChange + enqueue on the caller's stream (no synchronisation); cu_seqlens_k and
+ *                          lse are read only when the plugin has them
  *   crisp_harness_destroy  frees the plugins and the workspace
  *   crisp_harness_error    the last failure, with every message the plugin logged since
  */
@@ -136,6 +138,8 @@ struct Harness
     int64_t heads{0};
     int64_t kvHeads{0};
     int64_t headDim{0};
+    bool chunked{false};
+    bool lse{false};
     void* workspace{nullptr};
     ~Harness()
     {
@@ -161,44 +165,72 @@ DynamicPluginTensorDesc dynamicDesc(DataType type, int64_t tokensMax, int64_t he
     return d;
 }
 
+int32_t nbInputs(Harness const& h)
+{
+    return h.chunked ? 5 : 4;
+}
+
+int32_t nbOutputs(Harness const& h)
+{
+    return h.lse ? 2 : 1;
+}
+
 bool buildPhase(Harness& h, IPluginCreatorV3One* creator, PluginFieldCollection const& fc, int64_t maxTokens,
-    int64_t maxBatch)
+    int64_t maxTokensK, int64_t maxBatch)
 {
     h.build.reset(creator->createPlugin("crisp", &fc, TensorRTPhase::kBUILD));
     if (h.build == nullptr)
         return fail("createPlugin(kBUILD) returned null"), false;
     auto* build = static_cast<IPluginV3OneBuild*>(h.build->getCapabilityInterface(PluginCapabilityType::kBUILD));
-    DataType const types[4] = {h.type, h.type, h.type, DataType::kINT32};
-    DataType outType{};
-    if (build->getOutputDataTypes(&outType, 1, types, 4) != 0 || outType != h.type)
+    int32_t const nIn = nbInputs(h);
+    int32_t const nOut = nbOutputs(h);
+    if (build->getNbOutputs() != nOut)
+        return fail("getNbOutputs: expected " + std::to_string(nOut)), false;
+    DataType const types[5] = {h.type, h.type, h.type, DataType::kINT32, DataType::kINT32};
+    DataType outTypes[2]{};
+    if (build->getOutputDataTypes(outTypes, nOut, types, nIn) != 0 || outTypes[0] != h.type
+        || (h.lse && outTypes[1] != DataType::kFLOAT))
         return fail("getOutputDataTypes"), false;
     ExprBuilder exprs;
-    DimsExprs in[4]{};
-    int64_t const heads[4] = {h.heads, h.kvHeads, h.kvHeads, 0};
-    for (int32_t i = 0; i < 4; ++i)
+    DimsExprs in[5]{};
+    int64_t const heads[5] = {h.heads, h.kvHeads, h.kvHeads, 0, 0};
+    for (int32_t i = 0; i < nIn; ++i)
     {
-        in[i].nbDims = i == 3 ? 1 : 3;
-        in[i].d[0] = exprs.mFake.runtime();
+        in[i].nbDims = i >= 3 ? 1 : 3;
+        in[i].d[0] = i == 2 ? in[1].d[0] : exprs.mFake.runtime();
         if (i < 3)
         {
             in[i].d[1] = exprs.constant(heads[i]);
             in[i].d[2] = exprs.constant(h.headDim);
         }
     }
-    DimsExprs out{};
-    if (build->getOutputShapes(in, 4, nullptr, 0, &out, 1, exprs) != 0 || out.nbDims != 3 || out.d[0] != in[0].d[0]
-        || !out.d[1]->isConstant() || out.d[1]->getConstantValue() != h.heads || !out.d[2]->isConstant()
-        || out.d[2]->getConstantValue() != h.headDim)
+    DimsExprs out[2]{};
+    if (build->getOutputShapes(in, nIn, nullptr, 0, out, nOut, exprs) != 0 || out[0].nbDims != 3
+        || out[0].d[0] != in[0].d[0] || !out[0].d[1]->isConstant() || out[0].d[1]->getConstantValue() != h.heads
+        || !out[0].d[2]->isConstant() || out[0].d[2]->getConstantValue() != h.headDim)
         return fail("getOutputShapes: expected [q.d0, num_heads, head_dim]"), false;
-    DynamicPluginTensorDesc io[5] = {dynamicDesc(h.type, maxTokens, h.heads, h.headDim),
-        dynamicDesc(h.type, maxTokens, h.kvHeads, h.headDim), dynamicDesc(h.type, maxTokens, h.kvHeads, h.headDim),
-        dynamicDesc(DataType::kINT32, maxBatch + 1, 0, 0), dynamicDesc(h.type, maxTokens, h.heads, h.headDim)};
-    for (int32_t pos = 0; pos < 5; ++pos)
-        if (!build->supportsFormatCombination(pos, io, 4, 1))
+    if (h.lse
+        && (out[1].nbDims != 2 || out[1].d[0] != in[0].d[0] || !out[1].d[1]->isConstant()
+            || out[1].d[1]->getConstantValue() != h.heads))
+        return fail("getOutputShapes: expected lse [q.d0, num_heads]"), false;
+    std::vector<DynamicPluginTensorDesc> io = {dynamicDesc(h.type, maxTokens, h.heads, h.headDim),
+        dynamicDesc(h.type, maxTokensK, h.kvHeads, h.headDim), dynamicDesc(h.type, maxTokensK, h.kvHeads, h.headDim),
+        dynamicDesc(DataType::kINT32, maxBatch + 1, 0, 0)};
+    if (h.chunked)
+        io.push_back(dynamicDesc(DataType::kINT32, maxBatch + 1, 0, 0));
+    io.push_back(dynamicDesc(h.type, maxTokens, h.heads, h.headDim));
+    if (h.lse)
+    {
+        io.push_back(dynamicDesc(DataType::kFLOAT, maxTokens, 0, 0));
+        io.back().desc.dims.nbDims = io.back().min.nbDims = io.back().opt.nbDims = io.back().max.nbDims = 2;
+        io.back().desc.dims.d[1] = io.back().min.d[1] = io.back().opt.d[1] = io.back().max.d[1] = h.heads;
+    }
+    for (int32_t pos = 0; pos < nIn + nOut; ++pos)
+        if (!build->supportsFormatCombination(pos, io.data(), nIn, nOut))
             return fail("supportsFormatCombination rejects position " + std::to_string(pos)), false;
-    if (build->configurePlugin(io, 4, io + 4, 1) != 0)
+    if (build->configurePlugin(io.data(), nIn, io.data() + nIn, nOut) != 0)
         return fail("configurePlugin"), false;
-    size_t const bytes = build->getWorkspaceSize(io, 4, io + 4, 1);
+    size_t const bytes = build->getWorkspaceSize(io.data(), nIn, io.data() + nIn, nOut);
     cudaError_t status = cudaMalloc(&h.workspace, bytes == 0 ? 1 : bytes);
     if (status != cudaSuccess)
         return fail(std::string("cudaMalloc workspace: ") + cudaGetErrorString(status)), false;
@@ -238,7 +270,8 @@ PluginTensorDesc desc(DataType type, int64_t d0, int64_t heads, int64_t dim)
 
 extern "C" __attribute__((visibility("default"))) void* crisp_harness_create(char const* runtime, char const* plugin,
     int32_t nbFields, char const* const* names, int32_t const* types, void const* const* data, int32_t const* lengths,
-    int32_t bf16, int32_t heads, int32_t kvHeads, int32_t headDim, int64_t maxTokens, int64_t maxBatch)
+    int32_t bf16, int32_t heads, int32_t kvHeads, int32_t headDim, int32_t chunked, int32_t lse, int64_t maxTokens,
+    int64_t maxTokensK, int64_t maxBatch)
 {
     {
         std::lock_guard<std::mutex> lock(gMutex);
@@ -258,23 +291,28 @@ extern "C" __attribute__((visibility("default"))) void* crisp_harness_create(cha
     h->heads = heads;
     h->kvHeads = kvHeads;
     h->headDim = headDim;
-    if (!buildPhase(*h, creator, fc, maxTokens, maxBatch) || !runtimePhase(*h, creator))
+    h->chunked = chunked != 0;
+    h->lse = lse != 0;
+    if (!buildPhase(*h, creator, fc, maxTokens, maxTokensK, maxBatch) || !runtimePhase(*h, creator))
         return nullptr;
     return h.release();
 }
 
 extern "C" __attribute__((visibility("default"))) int32_t crisp_harness_enqueue(void* handle, int64_t tokens,
-    int64_t batch, void const* q, void const* k, void const* v, void const* cuSeqlens, void* out, void* stream)
+    int64_t tokensK, int64_t batch, void const* q, void const* k, void const* v, void const* cuSeqlens,
+    void const* cuSeqlensK, void* out, void* lse, void* stream)
 {
     auto& h = *static_cast<Harness*>(handle);
-    PluginTensorDesc const in[4] = {desc(h.type, tokens, h.heads, h.headDim), desc(h.type, tokens, h.kvHeads, h.headDim),
-        desc(h.type, tokens, h.kvHeads, h.headDim), desc(DataType::kINT32, batch + 1, 0, 0)};
-    PluginTensorDesc const outDesc = desc(h.type, tokens, h.heads, h.headDim);
-    if (h.run->onShapeChange(in, 4, &outDesc, 1) != 0)
+    PluginTensorDesc const in[5] = {desc(h.type, tokens, h.heads, h.headDim),
+        desc(h.type, tokensK, h.kvHeads, h.headDim), desc(h.type, tokensK, h.kvHeads, h.headDim),
+        desc(DataType::kINT32, batch + 1, 0, 0), desc(DataType::kINT32, batch + 1, 0, 0)};
+    PluginTensorDesc outDesc[2] = {desc(h.type, tokens, h.heads, h.headDim), desc(DataType::kFLOAT, tokens, h.heads, 0)};
+    outDesc[1].dims.nbDims = 2;
+    if (h.run->onShapeChange(in, nbInputs(h), outDesc, nbOutputs(h)) != 0)
         return fail("onShapeChange"), -1;
-    void const* inputs[4] = {q, k, v, cuSeqlens};
-    void* outputs[1] = {out};
-    int32_t const status = h.run->enqueue(in, &outDesc, inputs, outputs, h.workspace, static_cast<cudaStream_t>(stream));
+    void const* inputs[5] = {q, k, v, cuSeqlens, cuSeqlensK};
+    void* outputs[2] = {out, lse};
+    int32_t const status = h.run->enqueue(in, outDesc, inputs, outputs, h.workspace, static_cast<cudaStream_t>(stream));
     if (status != 0)
         fail("enqueue returned " + std::to_string(status));
     return status;
