@@ -1,19 +1,23 @@
 """HF transformers integration: `attn_implementation="crisp"` (docs/design.md, "Interfaces").
 
-`register()` (run on import of this module) adds "crisp" to transformers' `AttentionInterface` and the
-SDPA mask builder to `AttentionMaskInterface` under the same name, so
+`register()` (run on import of this module) adds "crisp" to transformers' `AttentionInterface` and
+`crisp_mask` (SDPA's mask builder, plus None for a plain chunked causal mask) to `AttentionMaskInterface` under
+the same name, so
 
     import crisp_trt.hf
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="crisp")
 
 routes every attention layer through `crisp_attention_forward`:
 
-* prefill — query length == key length ≥ max(dense_below, 1), no attention mask (no padding; the
-  SDPA mask builder returns None for a plain causal batch), default scaling 1/√d, no dropout, no
-  sliding window → `crisp_prefill_attention` (CPU: reference, CUDA: Triton kernels);
-* everything else (decode with a KV cache, short prompts, padded batches, chunked prefill, sliding-window
+* prefill — query length == key length, or a chunk (1 < query length < key length: a prompt fed in chunks
+  through a cache, the queries the last positions of the keys), key length ≥ max(dense_below, 1), no
+  attention mask (no padding: `crisp_mask` returns None for a plain causal batch, chunked or not), default
+  scaling 1/√d, no dropout, no sliding window → `crisp_prefill_attention` (CPU: reference, CUDA: Triton
+  kernels);
+* everything else (decode with a KV cache, short prompts, padded batches, static caches, sliding-window
   layers: Mistral/Qwen2 `use_sliding_window`, Gemma-2/3 `layer_types`) → transformers' own
-  `sdpa_attention_forward`, i.e. dense. Logit soft-capping (Gemma-2) has no SDPA path: a clear error.
+  `sdpa_attention_forward`, i.e. dense (a chunk that goes dense gets its bottom-right causal mask back).
+  Logit soft-capping (Gemma-2) has no SDPA path: a clear error.
 
 The CrispConfig is per model or per layer: `set_crisp_config(model, cfg)` stores `cfg.to_dict()` (or,
 for a list of configs, one dict per layer: a crisp-build artifact's calibrated kappa/tau) in
@@ -31,7 +35,7 @@ from collections import Counter
 
 import torch
 
-from .api import crisp_prefill_attention
+from .api import bottom_right_causal, crisp_prefill_attention
 from .config import CrispConfig
 
 NAME = "crisp"
@@ -91,11 +95,14 @@ def crisp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     q_len, k_len, d = query.shape[2], key.shape[2], query.shape[-1]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     default_scale = scaling is None or math.isclose(scaling, d ** -0.5, rel_tol=1e-6)
-    prefill = (q_len == k_len and q_len >= max(cfg.dense_below, 1) and attention_mask is None and causal
+    chunk = 1 < q_len < k_len and attention_mask is None and causal  # crisp_mask: the queries are the keys' last
+    prefill = ((q_len == k_len or chunk) and k_len >= max(cfg.dense_below, 1) and attention_mask is None and causal
                and default_scale and (dropout == 0.0 or not module.training)
                and kwargs.get("sliding_window") is None and query.shape[1] % key.shape[1] == 0)
     if not prefill:
         CALLS["dense"] += 1
+        if chunk:  # SDPA's is_causal is top-left: give a dense chunk its bottom-right mask
+            attention_mask = bottom_right_causal(q_len, k_len, query.device)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     CALLS["crisp"] += 1
@@ -104,16 +111,36 @@ def crisp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     return out, None
 
 
+def crisp_mask(**kwargs):
+    """transformers' sdpa_mask (same keyword arguments), except None for a chunked prefill's plain causal mask:
+    1 < q_length < kv_length queries at the last positions of the keys (q_offset + q_length = kv_offset +
+    kv_length, as a DynamicCache gives), the plain causal mask function, no local window, no padding.
+    crisp_attention_forward then runs the chunk through CRISP, or rebuilds the mask where it goes dense.
+    sdpa_mask itself returns None only for q_length == kv_length or 1 (SDPA's is_causal aligns top-left).
+    transformers before 5.x passes no q_length / q_offset: sdpa_mask's behaviour, unchanged."""
+    from transformers.masking_utils import causal_mask_function, fast_all, prepare_padding_mask, sdpa_mask
+
+    q_len, kv_len = kwargs.get("q_length"), kwargs.get("kv_length")
+    q_offset, kv_offset = kwargs.get("q_offset"), kwargs.get("kv_offset", 0)
+    if (kwargs.get("allow_is_causal_skip", True) and kwargs.get("mask_function", causal_mask_function)
+            is causal_mask_function and kwargs.get("local_size") is None and isinstance(q_len, int)
+            and isinstance(q_offset, int) and 1 < q_len < kv_len and q_offset + q_len == kv_offset + kv_len):
+        padding = prepare_padding_mask(kwargs.get("attention_mask"), kv_len, kv_offset)
+        if padding is None or fast_all(padding):
+            return None
+    return sdpa_mask(**kwargs)
+
+
 def register() -> None:
     """Register "crisp" with transformers' AttentionInterface and AttentionMaskInterface (idempotent)."""
     try:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("crisp_trt.hf needs transformers>=4.57: pip install -e .[eval] "
                           "(or pip install transformers)") from exc
     AttentionInterface.register(NAME, crisp_attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, crisp_mask)
 
 
 register()

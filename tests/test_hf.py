@@ -163,3 +163,47 @@ def test_softcap_is_a_clear_error():
     model = tf.Gemma2ForCausalLM(cfg).eval()
     with pytest.raises(ValueError, match="softcap"):
         model(torch.randint(0, 128, (1, 64)))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_chunked_prefill_through_a_cache_is_crisp_and_the_one_call(family):
+    """A prompt fed in chunks through a DynamicCache (transformers passes q_len < k_len, crisp_mask leaves the
+    plain causal mask to CRISP) runs CRISP on every chunk and, at kappa 0 (every block kept), gives the one
+    call's logits within fp32 rounding; a chunk below dense_below goes dense with its bottom-right mask."""
+    import transformers as tf
+
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=1024)
+    cfg = tf.LlamaConfig(**common) if family == "llama" else tf.Qwen2Config(**common)
+    cfg._attn_implementation = "crisp"
+    torch.manual_seed(0)
+    model = (tf.LlamaForCausalLM if family == "llama" else tf.Qwen2ForCausalLM)(cfg).eval()
+    hf.set_crisp_config(model, KEEP_ALL.replace(dense_below=100))
+    ids = torch.randint(0, 128, (2, 300), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        hf.CALLS.clear()
+        whole = model(ids).logits
+        assert hf.CALLS["crisp"] == 2 and hf.CALLS["dense"] == 0
+        cache, parts = tf.DynamicCache(config=cfg), []
+        hf.CALLS.clear()
+        for a, b in ((0, 64), (64, 200), (200, 203), (203, 300)):  # the first: 64 keys < dense_below, dense
+            parts.append(model(ids[:, a:b], past_key_values=cache, use_cache=True).logits)
+        assert hf.CALLS["crisp"] == 2 * 3 and hf.CALLS["dense"] == 2 * 1
+        chunked = torch.cat(parts, 1)
+        model.set_attn_implementation("sdpa")
+        sdpa = model(ids).logits
+    assert float((chunked - whole).abs().max()) < 1e-4 and float((whole - sdpa).abs().max()) < 1e-4
+
+
+def test_crisp_mask_is_sdpa_mask_except_a_plain_chunk():
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    chunk = dict(batch_size=1, q_length=3, kv_length=8, q_offset=5, kv_offset=0, mask_function=causal_mask_function)
+    assert hf.crisp_mask(**chunk) is None
+    for change in ({"q_offset": 4}, {"attention_mask": torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1]]).bool()},
+                   {"local_size": 4}, {"allow_is_causal_skip": False}):
+        args = {**chunk, **change}
+        want = sdpa_mask(**args)
+        assert want is not None and torch.equal(hf.crisp_mask(**args), want), change
+    whole = dict(chunk, q_length=8, q_offset=0)
+    assert hf.crisp_mask(**whole) is None and sdpa_mask(**whole) is None
