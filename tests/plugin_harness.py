@@ -3,7 +3,8 @@
 and time it against the torch op. tests/test_plugin.py imports it; scripts/device/gpu_plugin.sh runs it.
 
     python3 tests/plugin_harness.py [--build build/plugin] [--runtime libnvinfer_lean.so.11] [--json OUT.json]
-    python3 tests/plugin_harness.py --smoke      one 8k enqueue, no torch op (what compute-sanitizer runs)
+    python3 tests/plugin_harness.py --smoke      an 8k enqueue and a chunked one with the LSE (the last 1k of 8k
+                                                 keys), no torch op (what compute-sanitizer runs)
 
 For each case it compares the plugin's output (the AOT cubins of crisp_trt/kernels/, the whole sparse
 pipeline) with crisp_prefill_attention's on the same inputs and config (max_seqlen = tokens, the op's default,
@@ -145,10 +146,16 @@ def main(argv=None) -> int:
         q, k, v, cu = inputs([8192], 32, 8, 128, torch.bfloat16)
         handle, out = harness.create(CONFIG, 32, 8, 128, True, q.shape[0], 1), torch.empty_like(q)
         harness.enqueue(handle, q, k, v, cu, out)
+        chunk, cu_q = q[-1024:].contiguous(), torch.tensor([0, 1024], device="cuda", dtype=torch.int32)
+        chunked = harness.create(CONFIG, 32, 8, 128, True, 1024, 1, 8192, chunked=True, lse=True)
+        out_c, lse = torch.empty_like(chunk), torch.empty(1024, 32, device="cuda")
+        harness.enqueue(chunked, chunk, k, v, cu_q, out_c, cu, lse)
         torch.cuda.synchronize()
         harness.destroy(handle)
-        print(f"smoke: 8k enqueue finite={bool(torch.isfinite(out).all())}")
-        return 0 if torch.isfinite(out).all() else 1
+        harness.destroy(chunked)
+        finite = all(bool(torch.isfinite(t).all()) for t in (out, out_c, lse))
+        print(f"smoke: 8k enqueue and a chunked one with the LSE, finite={finite}")
+        return 0 if finite else 1
     rows = []
     for name, lens, heads, kv_heads, d, chunks in CASES:
         out, ref, plugin_fn, torch_fn, handle = run_both(harness, lens, heads, kv_heads, d, torch.bfloat16,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of the TensorRT plugin in one call: build it (sm_90 cubins of the whole pipeline), run its tests
-# (enqueue output == crisp_prefill_attention's at 8k, 128k, varlen, 32/8 d128, 9/3 d64, flexprefill, jsd; the
-# poison; the op's JIT cubins are the embedded ones), compute-sanitizer memcheck on the 8k case, and time
+# (enqueue output == crisp_prefill_attention's at 8k, 128k, varlen, 32/8 d128, 9/3 d64, flexprefill, jsd, and the
+# chunked plugin with the LSE output: 8k of 128k, varlen chunks; the poison; the op's JIT cubins are the embedded
+# ones), compute-sanitizer memcheck on an 8k and a chunked 1k-of-8k enqueue with the LSE, and time
 # enqueue vs the torch op. Writes $OUT/plugin_timing.json, $OUT/pytest.log, $OUT/memcheck.log and prints a short
 # table last. Carry third_party/TensorRT (headers, < 1 MiB) and, for the registry path, .whl
 # (tensorrt-lean-cu13-libs, 43 MB); without the wheel the harness loads the library through its getCreators.
