@@ -218,3 +218,31 @@ def test_stored_classes_are_within_tolerance_and_reproduce_1k():
         assert all(row["within_tolerance"] for row in stored["lengths"].values())
         got = synthetic_stats(c.spec_at(1024), 1024)
         assert within_tolerance(stored["lengths"]["1024"]["real"], got), (c.name, got)
+
+
+def test_stats_of_a_capture_is_the_prefix_statistics():
+    """stats_of reads length n from a longer capture's first n tokens: equal to attention_stats on that prefix,
+    averaged over the captured layers."""
+    from crisp_trt.workloads.fit import stats_of
+
+    captured = {layer: synthetic_qkv(1024, 4, 2, 64, spec=SyntheticSpec(), seed=layer) for layer in (0, 1)}
+    got = stats_of(captured, (512, 1024))
+    for n in (512, 1024):
+        each = [attention_stats(q[0, :n], k[0, :n]) for q, k, _ in captured.values()]
+        for key in ("sink_share", "local_share", "floor", "block_kept"):
+            assert got[n][key] == pytest.approx(sum(e[key] for e in each) / 2, rel=1e-6)
+    assert got[512]["sink_share"] != got[1024]["sink_share"]
+
+
+def test_prediction_compares_law_and_synthetic_with_real():
+    """prediction() puts the law's and the fitted spec's statistics beside real ones at unseen lengths; a spec
+    compared with its own synthetic statistics is within a few hundredths, a different one is not."""
+    from crisp_trt.workloads.fit import prediction
+
+    spec = SyntheticSpec(sink_share=0.25, local_share=0.35, top_share=0.15, floor=0.2, ref_n=1024)
+    record = {"spec": spec.__dict__, "law": {"spec": spec.__dict__}}
+    own = prediction(record, {1024: synthetic_stats(spec, 1024, seeds=(0, 1))})["1024"]
+    assert own["synthetic_max_share_abs"] < 1e-6 and math.isfinite(own["law_max_share_abs"])
+    other = synthetic_stats(replace(spec, sink_share=0.05, local_share=0.6), 1024, seeds=(0, 1))
+    far = prediction(record, {1024: other})["1024"]
+    assert far["synthetic_max_share_abs"] > 0.1 and far["law_max_share_abs"] > 0.1

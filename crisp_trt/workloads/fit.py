@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from dataclasses import asdict, replace
 
 import torch
@@ -231,17 +230,22 @@ def within_tolerance(real: dict, synth: dict) -> bool:
             and abs(synth["floor"] / real["floor"] - 1) <= TOLERANCE["floor_rel"])
 
 
-def measure_real(lengths=(1024, 2048, 4096, 8192), layers=(0, 5, 10, 15, 20, 25, 29)) -> dict[int, dict]:
-    """{n: attention_stats averaged over layers} of SmolLM2 on real text. One capture at max(lengths):
-    the model is causal, so the first n tokens' Q/K are those of a length-n run on the same text."""
-    from .real import capture_qkv
-
-    grabbed = capture_qkv(max(lengths), layers=layers)
+def stats_of(captured: dict, lengths) -> dict[int, dict]:
+    """{n: attention_stats averaged over the captured layers} for each n of `lengths`, from one capture
+    ({layer: (q, k, v)} of workloads.real.capture) at ≥ max(lengths) tokens: the model is causal, so the first
+    n tokens' Q/K are those of a length-n run on the same text (below a YaRN switch)."""
     out = {}
     for n in lengths:
-        per = [attention_stats(q[0, :n], k[0, :n]) for q, k, _ in grabbed.values()]
+        per = [attention_stats(q[0, :n], k[0, :n]) for q, k, _ in captured.values()]
         out[n] = {key: sum(p[key] for p in per) / len(per) for key in per[0]}
     return out
+
+
+def measure_real(lengths=(1024, 2048, 4096, 8192), layers=(0, 5, 10, 15, 20, 25, 29)) -> dict[int, dict]:
+    """{n: attention_stats averaged over layers} of SmolLM2 on real text (one capture at max(lengths))."""
+    from .real import capture_qkv
+
+    return stats_of(capture_qkv(max(lengths), layers=layers), lengths)
 
 
 def fitted_spec() -> SyntheticSpec:
@@ -283,25 +287,75 @@ def write_fit(record: dict, path: str, ok: bool) -> str:
     return path
 
 
-def main(validate=(524288,), path: str = FITTED_PATH) -> None:
-    """Re-measure SmolLM2, fit, check every goal (and `validate`, lengths beyond the fit, against the law),
-    write the record to `path` (fitted_smollm2.json; `path`.rejected if 1k-8k miss the tolerance) and print
-    the tables of the README."""
-    real = measure_real()
-    spec, law, slope_se, goals = fit_length_law(real)
+def fit_record(real: dict[int, dict], source: str, ref_n: int = 8192, extrapolate=(32768, 131072),
+               validate=(524288,)) -> tuple[dict, bool]:
+    """Fit the length law to `real` ({n: statistics}), check every goal (and `validate`, lengths beyond the fit,
+    against the law): (the record a fitted_*.json holds, whether every measured length is within tolerance)."""
+    spec, law, slope_se, goals = fit_length_law(real, ref_n, extrapolate)
     rows = check_fit(spec.at, goals, law, real, validate)
+    lo, hi = min(real), max(real)
     record = {
-        "source": "SmolLM2-135M-Instruct Q4_1 GGUF, post-RoPE Q/K, first n tokens of /usr/share/common-licenses "
-                  "(Debian base-files), last 64 query rows, layers 0,5,10,15,20,25,29, all 9 heads, mean over layers",
-        "tolerance": TOLERANCE, "spec": asdict(spec),
+        "source": source, "tolerance": TOLERANCE, "spec": asdict(spec),
         "law": {"spec": asdict(law), "slope_se": slope_se,
-                "note": "least-squares line in log2 n through the real statistics at 1k-8k (ln floor for the "
-                        "floor); beyond 8k an extrapolation"},
-        "near_law": dict(zip(("at_ref_n", "slope", "slope_se"), near_law(real))),
+                "note": f"least-squares line in log2 n through the real statistics at {lo}-{hi} tokens (ln floor "
+                        f"for the floor); beyond {hi} an extrapolation"},
+        "near_law": dict(zip(("at_ref_n", "slope", "slope_se"), near_law(real, ref_n))),
         "lengths": rows,
     }
-    write_fit(record, path, measured_within_tolerance(rows))
+    return record, measured_within_tolerance(rows)
+
+
+def prediction(record: dict, real: dict[int, dict]) -> dict:
+    """How far a fit's predictions are from real statistics at lengths it did not see: per n of `real`, the
+    law's and the fitted spec's synthetic statistics beside the real ones, and their largest |Δshare| and
+    floor ratio."""
+    law, spec = SyntheticSpec(**record["law"]["spec"]), SyntheticSpec(**record["spec"])
+    out = {}
+    for n, got in sorted(real.items()):
+        synth = synthetic_stats(spec.at(n), n, seeds=(0, 1))
+        row = {"real": got, "law": law.shares_at(n), "synthetic": synth}
+        for name in ("law", "synthetic"):
+            row[f"{name}_max_share_abs"] = max(abs(row[name][s] - got[s]) for s in STATS[:-1])
+            row[f"{name}_floor_ratio"] = row[name]["floor"] / got["floor"]
+        out[str(n)] = row
+        print(f"predicted {n}: real " + " / ".join(f"{got[s]:.3f}" for s in STATS), "| law",
+              " / ".join(f"{row['law'][s]:.3f}" for s in STATS), "| synthetic",
+              " / ".join(f"{synth[s]:.3f}" for s in STATS), flush=True)
+    return out
+
+
+def main(argv=None) -> None:
+    """Re-measure and refit. Without --capture: SmolLM2 at 1k-8k → fitted_smollm2.json (the shipped spec).
+    With --capture (a torch.save of workloads.real.capture, e.g. the Qwen model at 32k): its statistics at
+    --lengths, the law through them, and with --predict the real statistics at longer lengths (from a longer
+    capture) against what the fit predicts there. A fit that misses the tolerance is written as `.rejected`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m crisp_trt.workloads.fit", description=main.__doc__)
+    ap.add_argument("--capture", help="torch.save'd {layer: (q, k, v)} from workloads.real.capture")
+    ap.add_argument("--source", default="", help="what the capture is (model, text, lengths): goes into the record")
+    ap.add_argument("--lengths", default="1024,2048,4096,8192", help="comma-separated token counts to fit at")
+    ap.add_argument("--ref-n", type=int, default=8192, help="the law's reference length")
+    ap.add_argument("--extrapolate", default="32768,131072", help="lengths where the law sets the goals")
+    ap.add_argument("--validate", default="524288", help="lengths checked against the law only")
+    ap.add_argument("--predict", nargs="*", default=(), metavar="CAPTURE:N,N",
+                    help="longer captures and the lengths to compare the fit's predictions at")
+    ap.add_argument("--out", default=FITTED_PATH, help="where the record goes")
+    args = ap.parse_args(argv)
+    ints = lambda text: tuple(int(x) for x in text.split(",") if x)  # noqa: E731
+    if args.capture:
+        real = stats_of(torch.load(args.capture), ints(args.lengths))
+        source = args.source or args.capture
+    else:
+        real = measure_real(ints(args.lengths))
+        source = ("SmolLM2-135M-Instruct Q4_1 GGUF, post-RoPE Q/K, first n tokens of /usr/share/common-licenses "
+                  "(Debian base-files), last 64 query rows, layers 0,5,10,15,20,25,29, all 9 heads, mean over layers")
+    record, ok = fit_record(real, source, args.ref_n, ints(args.extrapolate), ints(args.validate))
+    for item in args.predict:
+        path, _, lengths = item.rpartition(":")
+        record.setdefault("predictions", {}).update(prediction(record, stats_of(torch.load(path), ints(lengths))))
+    write_fit(record, args.out, ok)
 
 
 if __name__ == "__main__":
-    main(path=sys.argv[1] if len(sys.argv) > 1 else FITTED_PATH)
+    main()
