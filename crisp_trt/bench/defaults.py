@@ -38,16 +38,14 @@ def sweep(model, tok, candidates: dict, lengths, sources=CALIBRATION, rope=None,
           repeats: int = 3, progress=None) -> list[dict]:
     """Rows per (n, source, candidate): ttft_ms, speedup (dense's TTFT over it; timed on the first source
     only), ppl, dppl (relative to dense), kl. candidates: {name: CrispConfig}; "dense" is added."""
-    from ..models import set_rope_scaling
     from ..workloads.real import text_ids
-    from .accuracy import use_method
+    from .accuracy import use_method, use_rope
     from .e2e import prefill_ms
 
     base = CrispConfig()
     rows = []
     for n in lengths:
-        if rope is not None:
-            set_rope_scaling(model, rope(n))
+        use_rope(model, rope, n)
         for i, source in enumerate(sources):
             ids = text_ids(tok, n, source=source).to(model.device)
             dense_logp, dense_ms, dense_nll = None, None, None
