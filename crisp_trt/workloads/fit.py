@@ -254,6 +254,11 @@ def fitted_spec() -> SyntheticSpec:
         return SyntheticSpec(**json.load(f)["spec"])
 
 
+def _shown(stats: dict, keys=STATS) -> str:
+    """The printed form of a statistics row: keys' values, 3 decimals, NaN where absent."""
+    return " / ".join(f"{stats.get(key, float('nan')):.3f}" for key in keys)
+
+
 def check_fit(spec_at, goals: dict, law: SyntheticSpec, measured, validate=(524288,), label: str = "") -> dict:
     """{str(n): goal ("real" at the `measured` lengths, else "law"), synthetic statistics, within_tolerance}
     for every goal of fit_length_law and the `validate` lengths beyond it (against the law), the synthetic
@@ -265,10 +270,8 @@ def check_fit(spec_at, goals: dict, law: SyntheticSpec, measured, validate=(5242
         kind = "real" if n in measured else "law"
         synth = synthetic_stats(spec_at(n), n, seeds=(0, 1, 2, 3) if n <= 8192 else (0, 1))
         rows[str(n)] = {kind: goal, "synthetic": synth, "within_tolerance": within_tolerance(goal, synth)}
-        print(label, n, f"{kind:4}", " / ".join(f"{goal[s]:.3f}" for s in STATS), "| synthetic",
-              " / ".join(f"{synth[s]:.3f}" for s in STATS), rows[str(n)]["within_tolerance"], "| blocks",
-              " / ".join(f"{goal.get(s, float('nan')):.3f}" for s in BLOCK_STATS), "| synthetic",
-              " / ".join(f"{synth[s]:.3f}" for s in BLOCK_STATS), flush=True)
+        print(label, n, f"{kind:4}", _shown(goal), "| synthetic", _shown(synth), rows[str(n)]["within_tolerance"],
+              "| blocks", _shown(goal, BLOCK_STATS), "| synthetic", _shown(synth, BLOCK_STATS), flush=True)
     return rows
 
 
@@ -318,9 +321,8 @@ def prediction(record: dict, real: dict[int, dict]) -> dict:
             row[f"{name}_max_share_abs"] = max(abs(row[name][s] - got[s]) for s in STATS[:-1])
             row[f"{name}_floor_ratio"] = row[name]["floor"] / got["floor"]
         out[str(n)] = row
-        print(f"predicted {n}: real " + " / ".join(f"{got[s]:.3f}" for s in STATS), "| law",
-              " / ".join(f"{row['law'][s]:.3f}" for s in STATS), "| synthetic",
-              " / ".join(f"{synth[s]:.3f}" for s in STATS), flush=True)
+        print(f"predicted {n}: real", _shown(got), "| law", _shown(row["law"]), "| synthetic", _shown(synth),
+              flush=True)
     return out
 
 
@@ -340,8 +342,11 @@ def main(argv=None) -> None:
     ap.add_argument("--validate", default="524288", help="lengths checked against the law only")
     ap.add_argument("--predict", nargs="*", default=(), metavar="CAPTURE:N,N",
                     help="longer captures and the lengths to compare the fit's predictions at")
-    ap.add_argument("--out", default=FITTED_PATH, help="where the record goes")
+    ap.add_argument("--out", help=f"where the record goes (default {FITTED_PATH}; required with --capture, so "
+                                  "another model's fit never overwrites the shipped SmolLM2 spec)")
     args = ap.parse_args(argv)
+    if args.capture and not args.out:
+        ap.error("--out: expected a path for the record when --capture is given (e.g. fitted_qwen.json)")
     ints = lambda text: tuple(int(x) for x in text.split(",") if x)  # noqa: E731
     if args.capture:
         real = stats_of(torch.load(args.capture), ints(args.lengths))
@@ -354,7 +359,7 @@ def main(argv=None) -> None:
     for item in args.predict:
         path, _, lengths = item.rpartition(":")
         record.setdefault("predictions", {}).update(prediction(record, stats_of(torch.load(path), ints(lengths))))
-    write_fit(record, args.out, ok)
+    write_fit(record, args.out or FITTED_PATH, ok)
 
 
 if __name__ == "__main__":
