@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import CrispConfig
+from .kernels import contract
 
 NAME, VERSION, NAMESPACE = "CrispPrefillAttention", "1", "crisp"
 LIBRARY = "libcrisp_trt_plugin.so"
@@ -64,16 +65,15 @@ def plugin_fields(config: CrispConfig, num_heads: int, num_kv_heads: int, head_d
         raise ValueError(f"head_dim={head_dim}: expected one of {HEAD_DIMS}")
     values = dict(config.to_dict(), num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
     values.update({name: 1 for name, on in (("chunked", chunked), ("return_lse", return_lse)) if on})
-    kinds = {f.name: f.type for f in dataclasses.fields(CrispConfig)}
     fields = []
-    for name, value in values.items():
-        kind = kinds.get(name, "int")
-        if kind == "str":
-            fields.append((name, np.frombuffer(value.encode("ascii"), dtype=np.uint8).copy(), "CHAR"))
-        elif kind == "float":
-            fields.append((name, np.array([value], dtype=np.float32), "FLOAT32"))
+    for name, kind in contract.FIELDS:  # the plugin's order and types; an optional field only when given
+        if name not in values:
+            continue
+        value = values[name]
+        if kind == "CHAR":
+            fields.append((name, np.frombuffer(value.encode("ascii"), dtype=np.uint8).copy(), kind))
         else:
-            fields.append((name, np.array([value], dtype=np.int32), "INT32"))
+            fields.append((name, np.array([value], dtype=np.float32 if kind == "FLOAT32" else np.int32), kind))
     return fields
 
 
