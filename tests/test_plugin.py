@@ -215,7 +215,7 @@ def test_first_plugins_fields_make_the_same_plugin(built, lean_runtime, tmp_path
     """A field set from before the optional fields (18 fields) and one with chunked = return_lse = 0 create the
     same plugin: both serialise as the 18 fields, with the same workspace."""
     old = _serialised(plugin.plugin_fields(CrispConfig(), 32, 8, 128))
-    zeros = old + "".join(f"{n} INT32 {np.array([0], np.int32).tobytes().hex()}\n" for n in ("chunked", "return_lse"))
+    zeros = old + "".join(f"{n} INT32 {np.array([v], np.int32).tobytes().hex()}\n" for n, v in contract.OPTIONAL.items())
     outputs = []
     for text in (old, zeros):
         (tmp_path / "fields").write_text(text)
