@@ -58,7 +58,7 @@ from crisp_trt.lengths import parse_length
 if __name__ == "__main__":
     art, tp, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     device, new, repeats = os.environ["DEVICE"], int(os.environ["NEW"]), int(os.environ["REPEATS"])
-    limit = json.load(open(os.path.join(art, "config.json")))["crisp"]["max_seq"] - new
+    limit = runtime.read_crisp(art)["max_seq"] - new
     tok = AutoTokenizer.from_pretrained(art)
     prompts = [retrieval_prompt_ids(tok, min(parse_length(n), limit), 0)[0] for n in os.environ["LENGTHS"].split(",")]
     rows = []
