@@ -295,11 +295,14 @@ int32_t crispLaunchPrefill(CrispLaunchArgs const& a, cudaStream_t stream) noexce
             return 1;
         }
         if (!aligned(a.q) || !aligned(a.k) || !aligned(a.v) || !aligned(a.out) || !aligned(a.cuSeqlens)
-            || !aligned(a.cuSeqlensK) || !aligned(a.lse) || !aligned(a.workspace)
-            || (p.returnLse != 0) != (a.lse != nullptr))
+            || !aligned(a.cuSeqlensK) || !aligned(a.lse) || !aligned(a.workspace))
         {
-            logError("enqueue: q, k, v, cu_seqlens, cu_seqlens_k, out, lse (given iff return_lse) and the workspace "
-                     "must be 16-byte aligned");
+            logError("enqueue: q, k, v, cu_seqlens, cu_seqlens_k, out, lse and the workspace must be 16-byte aligned");
+            return 1;
+        }
+        if ((p.returnLse != 0) != (a.lse != nullptr))
+        {
+            logError("enqueue: expected an lse pointer if and only if return_lse = 1");
             return 1;
         }
         // Sizes follow the keys: the op's default max_seqlen_k (= the packed key tokens).
