@@ -147,12 +147,18 @@ struct Harness
     }
 };
 
+// [d0] (heads = 0: cu_seqlens), [d0, heads] (dim = 0: lse) or [d0, heads, dim] (q, k, v, out).
+int32_t rankOf(int64_t heads, int64_t dim)
+{
+    return heads == 0 ? 1 : dim == 0 ? 2 : 3;
+}
+
 DynamicPluginTensorDesc dynamicDesc(DataType type, int64_t tokensMax, int64_t heads, int64_t dim)
 {
     DynamicPluginTensorDesc d{};
     d.desc.type = type;
     d.desc.format = TensorFormat::kLINEAR;
-    d.desc.dims.nbDims = heads == 0 ? 1 : 3;
+    d.desc.dims.nbDims = rankOf(heads, dim);
     d.desc.dims.d[0] = -1;
     d.min = d.opt = d.max = d.desc.dims;
     d.min.d[0] = 1;
@@ -220,11 +226,7 @@ bool buildPhase(Harness& h, IPluginCreatorV3One* creator, PluginFieldCollection 
         io.push_back(dynamicDesc(DataType::kINT32, maxBatch + 1, 0, 0));
     io.push_back(dynamicDesc(h.type, maxTokens, h.heads, h.headDim));
     if (h.lse)
-    {
-        io.push_back(dynamicDesc(DataType::kFLOAT, maxTokens, 0, 0));
-        io.back().desc.dims.nbDims = io.back().min.nbDims = io.back().opt.nbDims = io.back().max.nbDims = 2;
-        io.back().desc.dims.d[1] = io.back().min.d[1] = io.back().opt.d[1] = io.back().max.d[1] = h.heads;
-    }
+        io.push_back(dynamicDesc(DataType::kFLOAT, maxTokens, h.heads, 0));
     for (int32_t pos = 0; pos < nIn + nOut; ++pos)
         if (!build->supportsFormatCombination(pos, io.data(), nIn, nOut))
             return fail("supportsFormatCombination rejects position " + std::to_string(pos)), false;
@@ -259,7 +261,7 @@ PluginTensorDesc desc(DataType type, int64_t d0, int64_t heads, int64_t dim)
     PluginTensorDesc d{};
     d.type = type;
     d.format = TensorFormat::kLINEAR;
-    d.dims.nbDims = heads == 0 ? 1 : 3;
+    d.dims.nbDims = rankOf(heads, dim);
     d.dims.d[0] = d0;
     d.dims.d[1] = heads;
     d.dims.d[2] = dim;
@@ -306,8 +308,8 @@ extern "C" __attribute__((visibility("default"))) int32_t crisp_harness_enqueue(
     PluginTensorDesc const in[5] = {desc(h.type, tokens, h.heads, h.headDim),
         desc(h.type, tokensK, h.kvHeads, h.headDim), desc(h.type, tokensK, h.kvHeads, h.headDim),
         desc(DataType::kINT32, batch + 1, 0, 0), desc(DataType::kINT32, batch + 1, 0, 0)};
-    PluginTensorDesc outDesc[2] = {desc(h.type, tokens, h.heads, h.headDim), desc(DataType::kFLOAT, tokens, h.heads, 0)};
-    outDesc[1].dims.nbDims = 2;
+    PluginTensorDesc const outDesc[2]
+        = {desc(h.type, tokens, h.heads, h.headDim), desc(DataType::kFLOAT, tokens, h.heads, 0)};
     if (h.run->onShapeChange(in, nbInputs(h), outDesc, nbOutputs(h)) != 0)
         return fail("onShapeChange"), -1;
     void const* inputs[5] = {q, k, v, cuSeqlens, cuSeqlensK};
