@@ -115,12 +115,13 @@ def crisp_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         max_len = kv_len
     else:
         cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-        cu_k = cu if cu_seqlens_k is None else cu_seqlens_k.to(device=q.device, dtype=torch.int32)
-        bound = max_seqlen if cu_seqlens_k is None else max_seqlen_k
-        name = "max_seqlen" if cu_seqlens_k is None else "max_seqlen_k"
+        if cu_seqlens_k is None:  # the keys' table and bound: the queries' own, or the chunks' key ones
+            keys, cu_k, name, bound = cu_seqlens, cu, "max_seqlen", max_seqlen
+        else:
+            keys, name, bound = cu_seqlens_k, "max_seqlen_k", max_seqlen_k
+            cu_k = cu_seqlens_k.to(device=q.device, dtype=torch.int32)
         if bound is not None and (not isinstance(bound, int) or bound < 1):
             raise ValueError(f"{name}={bound!r}: expected a positive int or None")
-        keys = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
         if keys.device.type == "cpu":
             bounds = keys.tolist()
             max_len = max(b - a for a, b in zip(bounds, bounds[1:]))
