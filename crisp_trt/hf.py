@@ -95,10 +95,11 @@ def crisp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     q_len, k_len, d = query.shape[2], key.shape[2], query.shape[-1]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     default_scale = scaling is None or math.isclose(scaling, d ** -0.5, rel_tol=1e-6)
-    chunk = 1 < q_len < k_len and attention_mask is None and causal  # crisp_mask: the queries are the keys' last
-    prefill = ((q_len == k_len or chunk) and k_len >= max(cfg.dense_below, 1) and attention_mask is None and causal
-               and default_scale and (dropout == 0.0 or not module.training)
-               and kwargs.get("sliding_window") is None and query.shape[1] % key.shape[1] == 0)
+    plain = attention_mask is None and causal  # crisp_mask: no padding, the queries the keys' last positions
+    chunk = plain and 1 < q_len < k_len
+    prefill = (plain and (q_len == k_len or chunk) and k_len >= max(cfg.dense_below, 1) and default_scale
+               and (dropout == 0.0 or not module.training) and kwargs.get("sliding_window") is None
+               and query.shape[1] % key.shape[1] == 0)
     if not prefill:
         CALLS["dense"] += 1
         if chunk:  # SDPA's is_causal is top-left: give a dense chunk its bottom-right mask
