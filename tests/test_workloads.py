@@ -246,3 +246,19 @@ def test_prediction_compares_law_and_synthetic_with_real():
     other = synthetic_stats(replace(spec, sink_share=0.05, local_share=0.6), 1024, seeds=(0, 1))
     far = prediction(record, {1024: other})["1024"]
     assert far["synthetic_max_share_abs"] > 0.1 and far["law_max_share_abs"] > 0.1
+
+
+def test_measured_reads_a_stats_json_and_names_what_is_missing(tmp_path):
+    """fit.measured takes statistics measured elsewhere (the GPU runner's stats.json) as a capture's, and a wrong
+    corpus or an unmeasured length is an error naming the argument and what the file has."""
+    from crisp_trt.workloads.fit import measured
+
+    row = {"sink_share": 0.3, "local_share": 0.2, "top_share": 0.1, "floor": 0.5}
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps({"stats": {"code_calib": {"2048": row, "4096": {**row, "sink_share": 0.25}}}}))
+    got = measured(str(path), (2048, 4096), "code_calib")
+    assert got[2048] == row and got[4096]["sink_share"] == 0.25
+    with pytest.raises(ValueError, match=r"--corpus='docs'.*code_calib"):
+        measured(str(path), (2048,), "docs")
+    with pytest.raises(ValueError, match=r"--lengths: \[8192\].*2048, 4096"):
+        measured(str(path), (2048, 8192), "code_calib")

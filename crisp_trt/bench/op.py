@@ -35,7 +35,7 @@ ROW_KEYS = ("n", "method", "workload", "ms", "speedup_vs_cudnn", "density", "rou
 DENSE = ("dense_cudnn", "dense_fa2")
 SPARSE = ("crisp", "flexprefill", "crisp_gamma", "crisp_jsd")
 METHODS = DENSE + SPARSE
-SHAPES = {"llama3_8b": (32, 8, 128), "smollm2": (9, 3, 64)}
+SHAPES = {"llama3_8b": (32, 8, 128), "smollm2": (9, 3, 64), "qwen": (14, 2, 64)}
 SYNTHETIC = {"synthetic": fitted_spec, "synthetic_classes": fitted_classes,  # fitted to SmolLM2
              "synthetic_plain": SyntheticSpec}  # hand-set
 

@@ -326,6 +326,22 @@ def prediction(record: dict, real: dict[int, dict]) -> dict:
     return out
 
 
+def measured(path: str, lengths, corpus: str | None = None) -> dict[int, dict]:
+    """{n: statistics} at `lengths` from a torch.save'd capture (stats_of) or from a stats JSON measured elsewhere
+    (scripts/device/qwen_long.py stats: {"stats": {corpus: {n: statistics}}}), e.g. on the GPU machine."""
+    if not path.endswith(".json"):
+        return stats_of(torch.load(path), lengths)
+    with open(path) as f:
+        corpora = json.load(f)["stats"]
+    if corpus not in corpora:
+        raise ValueError(f"--corpus={corpus!r}: expected one of {', '.join(corpora)} (the corpora in {path})")
+    missing = [n for n in lengths if str(n) not in corpora[corpus]]
+    if missing:
+        raise ValueError(f"--lengths: {missing} not measured in {path} for {corpus} (it has "
+                         f"{', '.join(corpora[corpus])})")
+    return {n: corpora[corpus][str(n)] for n in lengths}
+
+
 def main(argv=None) -> None:
     """Re-measure and refit. Without --capture: SmolLM2 at 1k-8k → fitted_smollm2.json (the shipped spec).
     With --capture (a torch.save of workloads.real.capture, e.g. the Qwen model at 32k): its statistics at
@@ -334,14 +350,16 @@ def main(argv=None) -> None:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m crisp_trt.workloads.fit", description=main.__doc__)
-    ap.add_argument("--capture", help="torch.save'd {layer: (q, k, v)} from workloads.real.capture")
+    ap.add_argument("--capture", help="torch.save'd {layer: (q, k, v)} from workloads.real.capture, or a stats JSON "
+                                      "(scripts/device/qwen_long.py stats) with --corpus")
+    ap.add_argument("--corpus", help="with a stats JSON: which corpus's statistics to fit (e.g. code_calib)")
     ap.add_argument("--source", default="", help="what the capture is (model, text, lengths): goes into the record")
     ap.add_argument("--lengths", default="1024,2048,4096,8192", help="comma-separated token counts to fit at")
     ap.add_argument("--ref-n", type=int, default=8192, help="the law's reference length")
     ap.add_argument("--extrapolate", default="32768,131072", help="lengths where the law sets the goals")
     ap.add_argument("--validate", default="524288", help="lengths checked against the law only")
     ap.add_argument("--predict", nargs="*", default=(), metavar="CAPTURE:N,N",
-                    help="longer captures and the lengths to compare the fit's predictions at")
+                    help="longer captures (or stats JSONs) and the lengths to compare the fit's predictions at")
     ap.add_argument("--out", help=f"where the record goes (default {FITTED_PATH}; required with --capture, so "
                                   "another model's fit never overwrites the shipped SmolLM2 spec)")
     args = ap.parse_args(argv)
@@ -349,8 +367,8 @@ def main(argv=None) -> None:
         ap.error("--out: expected a path for the record when --capture is given (e.g. fitted_qwen.json)")
     ints = lambda text: tuple(int(x) for x in text.split(",") if x)  # noqa: E731
     if args.capture:
-        real = stats_of(torch.load(args.capture), ints(args.lengths))
-        source = args.source or args.capture
+        real = measured(args.capture, ints(args.lengths), args.corpus)
+        source = args.source or f"{args.capture} {args.corpus or ''}".strip()
     else:
         real = measure_real(ints(args.lengths))
         source = ("SmolLM2-135M-Instruct Q4_1 GGUF, post-RoPE Q/K, first n tokens of /usr/share/common-licenses "
@@ -358,7 +376,7 @@ def main(argv=None) -> None:
     record, ok = fit_record(real, source, args.ref_n, ints(args.extrapolate), ints(args.validate))
     for item in args.predict:
         path, _, lengths = item.rpartition(":")
-        record.setdefault("predictions", {}).update(prediction(record, stats_of(torch.load(path), ints(lengths))))
+        record.setdefault("predictions", {}).update(prediction(record, measured(path, ints(lengths), args.corpus)))
     write_fit(record, args.out or FITTED_PATH, ok)
 
 

@@ -9,6 +9,9 @@ Steps (each writes $OUT/<step>.json and prints a short table last):
   tune   candidate defaults on the calibration corpora: whole-model TTFT, perplexity, KL to dense; the pick
          (crisp_trt.bench.defaults.pick) is kept in /tmp/crisp_pick.json for the steps after it
   e2e    whole-model TTFT dense vs CRISP (and the pick, FlexPrefill-mode) on the code corpus
+  stats  the synthetic generator's statistics (workloads.fit.stats_of, all 24 layers) of the calibration corpora:
+         2k–32k from one 32k capture, 64k and 128k (YaRN) from their own → stats.json, which
+         `python -m crisp_trt.workloads.fit --stats stats.json ...` refits and checks on any machine
   acc    passkey and multikey retrieval (paired, 4 depths) + perplexity at --ppl-length (docs corpus)
   plot   qwen_speed.png from op.json and e2e.json in $OUT (no GPU, no model: runs anywhere)
 Needs CRISP_TRT_TEXTS (crisp_trt.workloads.texts.export) and gguf importable (for prep).
@@ -61,7 +64,6 @@ def picked(extra: str | None = None) -> dict:
     more = {extra: CANDIDATES[extra]} if extra else {}
     if not PICK.is_file():
         return more
-        return {}
     pick = json.loads(PICK.read_text())
     cfg = pick.get("config")
     tuned = {"crisp_tuned": CrispConfig.from_dict(cfg)} if cfg and CrispConfig.from_dict(cfg) != CrispConfig() else {}
@@ -131,6 +133,29 @@ def step_e2e(args):
         print(f"n={r['length']:>7} " + " ".join(f"{m} {r[f'ttft_{m}_ms']:.0f} ms ({r[f'speedup_{m}']:.2f}x)" for m in methods))
 
 
+def step_stats(args):
+    from crisp_trt.models import set_rope_scaling
+    from crisp_trt.workloads.fit import stats_of
+    from crisp_trt.workloads.real import capture, text_ids
+
+    mdl, tok = model()
+    rope = rope_for(mdl)
+    result = {"model": "Qwen2.5-Coder-0.5B-Instruct bf16", "gpu": torch.cuda.get_device_name(), "stats": {}}
+    for source in ("code_calib", "docs_calib"):
+        for n, lengths in ((32768, (2048, 4096, 8192, 16384, 32768)), (65536, (65536,)), (131072, (131072,))):
+            set_rope_scaling(mdl, rope(n))
+            got = stats_of(capture(mdl, text_ids(tok, n, source=source), out_device="cuda", dtype=torch.bfloat16),
+                           lengths)
+            result["stats"].setdefault(source, {}).update({str(m): s for m, s in got.items()})
+            save("stats", result)
+    set_rope_scaling(mdl, None)
+    print(f"{'source':<11}{'n':>8} " + " ".join(f"{k:>10}" for k in ("sink", "local", "top", "background", "floor")))
+    for source, rows in result["stats"].items():
+        for n, s in rows.items():
+            print(f"{source:<11}{n:>8} " + " ".join(f"{s[k]:>10.3f}" for k in (
+                "sink_share", "local_share", "top_share", "background_share", "floor")))
+
+
 def step_acc(args):
     from crisp_trt.bench.accuracy import run_accuracy
 
@@ -193,7 +218,7 @@ def step_plot(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("steps", nargs="+", choices=("prep", "op", "tune", "e2e", "acc", "plot"))
+    p.add_argument("steps", nargs="+", choices=("prep", "op", "tune", "e2e", "stats", "acc", "plot"))
     lengths = lambda s: [parse_length(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--lengths", type=lengths, default=lengths("16k,32k,64k,128k"))
     p.add_argument("--docs-lengths", type=lengths, default=lengths("32k,128k"), help="op: lengths on the docs corpus")
