@@ -1,0 +1,152 @@
+"""Attend's rate against cuDNN for launch options and small source variants, before changing the shipped kernel.
+
+    python3 scripts/probes/attend_variants.py [--shapes qwen,llama3_8b] [--lengths 16k,32k,128k]
+
+Each variant is crisp_trt/kernels/attend.py with a few textual substitutions (each must match, so an edit of
+the kernel fails the probe instead of silently timing the original) and its own num_warps / num_stages,
+compiled from a temporary copy. Two plans per (shape, n): every causal block listed (the dense-equivalent
+config, kappa 0) and a random half of the off-diagonal blocks (ascending lists, the diagonal always). Rate =
+blocks computed per ms against cuDNN's causal blocks per ms (SDPA's cuDNN backend, same q/k/v, same run);
+each variant's output is checked against the base variant's. Prints a table; writes $OUT/attend_variants.json.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from crisp_trt.bench.op import SHAPES, dense_fn, median_ms
+from crisp_trt.lengths import parse_length
+
+SOURCE = Path(__file__).resolve().parents[2] / "crisp_trt/kernels/attend.py"
+IMPORTS = [("from .bounds import", "from crisp_trt.kernels.bounds import"),
+           ("from .launch import", "from crisp_trt.kernels.launch import")]
+REVERSE = [("    qb = tl.program_id(0)\n", "    qb = NQB - 1 - tl.program_id(0)\n")]
+HALVES = [("""    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    k_pos = kb * BLOCK + rows
+    kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
+    return _attend_block(""", """    rows = tl.arange(0, BLOCK // 2)
+    cols = tl.arange(0, D)
+    k_pos = kb * BLOCK + rows
+    kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
+    acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
+                                  v_ptr + kv_off[:, None] + cols[None, :], None, None, qk_scale, False)
+    kv_off += (BLOCK // 2) * HK * D
+    return _attend_block(""")]
+WS = [("for i in tl.range(0, count):", "for i in tl.range(0, count, warp_specialize=True):")]
+VARIANTS = {  # name: (substitutions, num_warps, num_stages); "base" is the shipped kernel and options
+    "base": ([], None, None),
+    "w4s3": ([], 4, 3),
+    "w4s4": ([], 4, 4),
+    "w8s2": ([], 8, 2),
+    "w8s3": ([], 8, 3),
+    "reverse": (REVERSE, None, None),
+    "reverse_w4s3": (REVERSE, 4, 3),
+    "halves_w4s3": (HALVES, 4, 3),
+    "halves_reverse_w4s3": (HALVES + REVERSE, 4, 3),
+    "halves_w8s3": (HALVES, 8, 3),
+    "ws_w4s2": (WS, 4, 2),
+}
+
+
+def variant_module(name: str, subs, tmp: Path):
+    text = SOURCE.read_text()
+    for old, new in IMPORTS + subs:
+        if old not in text:
+            raise SystemExit(f"variant {name}: {old!r} not in attend.py (the kernel changed: update the probe)")
+        text = text.replace(old, new)
+    path = tmp / f"attend_{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"attend_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def lists(nb: int, heads: int, fraction: float, seed: int = 0):
+    """idx [1, H, nb, nb] int32, counts [1, H, nb]: every earlier block (fraction 1) or a random share."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.zeros(1, heads, nb, max(nb, 1), dtype=torch.int32)
+    counts = torch.zeros(1, heads, nb, dtype=torch.int32)
+    for qb in range(nb):
+        if fraction >= 1:
+            chosen = torch.arange(qb).expand(heads, qb)
+        else:
+            take = round(fraction * qb)
+            chosen = torch.rand(heads, qb, generator=g).argsort(-1)[:, :take].sort(-1).values
+        idx[0, :, qb, :chosen.shape[1]] = chosen.int()
+        counts[0, :, qb] = chosen.shape[1]
+    return idx.cuda(), counts.cuda()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="qwen,llama3_8b")
+    ap.add_argument("--lengths", default="16k,32k,128k")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    from crisp_trt.kernels.launch import options
+
+    tmp = Path(tempfile.mkdtemp())
+    mods = {name: variant_module(name, VARIANTS[name][0], tmp) for name in args.variants.split(",")}
+    rows, block = [], 128
+    for shape in args.shapes.split(","):
+        heads, kv, d = SHAPES[shape]
+        for n in (parse_length(x) for x in args.lengths.split(",")):
+            q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16) for h in (heads, kv, kv))
+            cudnn_ms = median_ms(dense_fn("dense_cudnn", q, k, v), args.repeats, "cuda")
+            nb = n // block
+            causal_blocks = nb * (nb + 1) / 2
+            cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+            dense = torch.zeros(1, dtype=torch.int32, device="cuda")
+            for fraction in (1.0, 0.5):
+                idx, counts = lists(nb, heads, fraction)
+                blocks = float(counts.sum()) / heads + nb
+                ref = None
+                for name, mod in mods.items():
+                    _, warps, stages = VARIANTS[name]
+                    opts = options("attend", block, d)
+                    opts = {"num_warps": warps or opts["num_warps"], "num_stages": stages or opts["num_stages"]}
+                    out = torch.empty_like(q)
+                    lse = torch.empty(0, dtype=torch.float32, device="cuda")
+
+                    def launch():
+                        mod.attend_kernel[(nb, heads, 1)](q, k, v, out, lse, cu, cu, idx, counts, dense,
+                                                          1 / math.sqrt(d), n, n, 0, heads, heads // kv, nb,
+                                                          idx.shape[-1], BLOCK=block, D=d, INTERPRET=False, **opts)
+                    try:
+                        ms = median_ms(launch, args.repeats, "cuda")
+                    except Exception as e:  # a variant Triton cannot compile here is reported, not fatal
+                        rows.append(dict(shape=shape, n=n, fraction=fraction, variant=name, error=str(e)[:200]))
+                        print(f"{shape} {n} {fraction} {name}: FAILED {str(e)[:120]}", flush=True)
+                        continue
+                    ref = out.clone() if ref is None else ref
+                    diff = float((out.float() - ref.float()).abs().max())
+                    rate = (blocks / ms) / (causal_blocks / cudnn_ms)
+                    rows.append(dict(shape=shape, n=n, fraction=fraction, variant=name, ms=ms, cudnn_ms=cudnn_ms,
+                                     rate_vs_cudnn=rate, max_diff_vs_base=diff, **opts))
+                    print(f"{shape} {n} {fraction} {name}: {ms:.3f} ms, rate {rate:.3f}x cuDNN, diff {diff:.2g}",
+                          flush=True)
+    out_dir = Path(os.environ.get("OUT", "/tmp"))
+    (out_dir / "attend_variants.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
+                                                             indent=1))
+    print(f"\n{'shape':<10}{'n':>7}{'frac':>5} " + " ".join(f"{v[:12]:>12}" for v in mods))
+    for shape in args.shapes.split(","):
+        for n in sorted({r["n"] for r in rows}):
+            for fraction in (1.0, 0.5):
+                got = {r["variant"]: r.get("rate_vs_cudnn") for r in rows
+                       if r["shape"] == shape and r["n"] == n and r["fraction"] == fraction}
+                print(f"{shape:<10}{n:>7}{fraction:>5} " + " ".join(
+                    f"{got[v]:>12.3f}" if got.get(v) else f"{'fail':>12}" for v in mods))
+
+
+if __name__ == "__main__":
+    main()

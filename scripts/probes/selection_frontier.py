@@ -1,0 +1,132 @@
+"""Which block selection comes closest to the oracle on real attention: error against density per config.
+
+    python3 scripts/probes/selection_frontier.py CAPTURE.pt [CAPTURE.pt ...]   # {layer: (q, k, v)}, real.capture
+
+CRISP's default keeps ~0.8 of the blocks of Qwen at 16k at 4–5× the error of a same-density block oracle
+(session 13/14). Here every config of a fixed grid (CRISP's knobs, block-sparse routing for every head,
+cumulative budgets, FlexPrefill-mode) and one selection no config expresses — the default plan plus, per query
+block, the `m` key blocks with the highest pooled q·k score ("+pooled m") — is scored on the same rows: whole
+query blocks spread over the sequence (bench.recall.oracle_positions "spread"), output error vs dense (fp32,
+squared errors pooled over heads and layers) and density (attended / causal keys), beside the block oracle
+at each one's own per-row counts. Use calibration captures only (the default must not be tuned on evaluation
+text). Prints a table per capture and writes <capture>_selection.json (or under $OUT).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+
+from crisp_trt import CrispConfig, reference
+from crisp_trt.bench.recall import dense_rows, oracle_positions
+from crisp_trt.config import method_config
+
+ROWS = 1024
+CONFIGS = {
+    "default": CrispConfig(),
+    "kappa4": CrispConfig(kappa=4.0),
+    "kappa16": CrispConfig(kappa=16.0),
+    "kappa32": CrispConfig(kappa=32.0),
+    "cov0.99": CrispConfig(coverage=0.99),
+    "cov0.95": CrispConfig(coverage=0.95),
+    "all_block_sparse": CrispConfig(tau=2.0),
+    "crisp_gamma0.95": CrispConfig(budget="cumulative", gamma=0.95),
+    "crisp_gamma0.98": CrispConfig(budget="cumulative", gamma=0.98),
+    "crisp_gamma0.99": CrispConfig(budget="cumulative", gamma=0.99),
+    "crisp_gamma0.995": CrispConfig(budget="cumulative", gamma=0.995),
+    "flexprefill": method_config("flexprefill"),
+}
+POOLED_EXTRA = (2, 4, 8)  # "+pooled m" on top of the default plan
+
+
+def pooled_top(q: torch.Tensor, k: torch.Tensor, block: int, m: int) -> torch.Tensor:
+    """bool [H, nb, nb]: per head and query block, the m earlier key blocks (diagonal excluded) with the highest
+    pooled-q · pooled-k score (block means, scaled like attention)."""
+    n, heads, d = q.shape
+    pq = reference.pool_blocks(q.float(), block)  # [nb, H, d]
+    pk = reference._expand_kv(reference.pool_blocks(k.float(), block), heads)
+    score = torch.einsum("qhd,khd->hqk", pq, pk) / math.sqrt(d)
+    nb = score.shape[-1]
+    earlier = torch.ones(nb, nb, dtype=torch.bool).tril(-1)
+    score = score.masked_fill(~earlier, float("-inf"))
+    top = score.topk(min(m, nb), -1).indices
+    out = torch.zeros_like(score, dtype=torch.bool).scatter_(-1, top, True)
+    return out & earlier
+
+
+def layer_rows(q, k, v, masks_by_name: dict) -> list[dict]:
+    """Per head and selection: squared error, density and the same-count block oracle's squared error."""
+    n, heads, d = q.shape
+    block, group = CrispConfig().block_size, heads // k.shape[1]
+    r = oracle_positions(n, block, ROWS, "spread")
+    qb = r // block
+    blocks, inverse = torch.unique(qb, return_inverse=True)
+    future = torch.arange(n)[None] > r[:, None]
+    causal_keys = float((r + 1).sum())
+    rows = []
+    for h in range(heads):
+        p, mass = dense_rows(q[r, h], k[:, h // group], future, block)
+        vv = v[:, h // group].float()
+        dense = p @ vv
+        per_block = torch.zeros(len(blocks), mass.shape[-1]).index_add_(0, inverse, mass)
+        rank = per_block.argsort(-1, descending=True).argsort(-1)
+        row = dict(head=h, dense_sq=float(dense.square().sum()))
+
+        def score(allowed):
+            kept = p * allowed
+            return float(((kept / kept.sum(-1, keepdim=True)) @ vv - dense).square().sum())
+
+        for name, masks in masks_by_name.items():
+            chosen = masks[h][blocks]  # [len(blocks), NB]
+            allowed = chosen[inverse].repeat_interleave(block, -1)[:, :n] & ~future
+            oracle = (rank < chosen.sum(-1, keepdim=True))[inverse].repeat_interleave(block, -1)[:, :n] & ~future
+            row[f"{name}_sq"], row[f"{name}_oracle_sq"] = score(allowed), score(oracle)
+            row[f"{name}_density"] = float(allowed.sum()) / causal_keys
+        rows.append(row)
+    return rows
+
+
+def summarise(rows: list[dict], names) -> dict:
+    dense = sum(r["dense_sq"] for r in rows)
+    return {name: dict(density=sum(r[f"{name}_density"] for r in rows) / len(rows),
+                       error=math.sqrt(sum(r[f"{name}_sq"] for r in rows) / dense),
+                       oracle_error=math.sqrt(sum(r[f"{name}_oracle_sq"] for r in rows) / dense)) for name in names}
+
+
+def main(paths: list[str]) -> None:
+    block = CrispConfig().block_size
+    names = [*CONFIGS, *(f"+pooled{m}" for m in POOLED_EXTRA)]
+    for path in paths:
+        captured = torch.load(path)
+        result = {"capture": os.path.basename(path), "configs": {k: c.to_dict() for k, c in CONFIGS.items()},
+                  "pooled_extra": POOLED_EXTRA, "layers": {}}
+        all_rows = []
+        for layer, (q, k, v) in sorted(captured.items()):
+            q, k, v = (t[0].float() for t in (q, k, v))
+            masks = {name: reference.plan(q, k, cfg)[1] for name, cfg in CONFIGS.items()}
+            for m in POOLED_EXTRA:
+                masks[f"+pooled{m}"] = masks["default"] | pooled_top(q, k, block, m)
+            rows = layer_rows(q, k, v, masks)
+            all_rows += rows
+            s = summarise(rows, names)
+            result["layers"][layer] = dict(heads=rows, summary=s)
+            print(f"{os.path.basename(path)} layer {layer:>2}: " + "  ".join(
+                f"{n} {s[n]['density']:.3f}/{100 * s[n]['error']:.2f}%" for n in names), flush=True)
+        result["summary"] = summarise(all_rows, names)
+        print(f"\n{os.path.basename(path)}, all layers:\n{'selection':<22}{'density':>9}{'error %':>9}{'oracle %':>9}")
+        for name, s in sorted(result["summary"].items(), key=lambda kv: kv[1]["density"]):
+            print(f"{name:<22}{s['density']:>9.3f}{100 * s['error']:>9.2f}{100 * s['oracle_error']:>9.2f}")
+        out = os.path.join(os.environ.get("OUT", os.path.dirname(path)),
+                           os.path.basename(path).replace(".pt", "_selection.json"))
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+        print("wrote", out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])
