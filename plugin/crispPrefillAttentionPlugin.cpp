@@ -2,6 +2,7 @@
 #include "crispPrefillAttentionKernels.h"
 #include "crispPrefillAttentionLogging.h"
 
+#include <algorithm>
 #include <exception>
 #include <limits>
 #include <new>
@@ -186,9 +187,10 @@ int32_t CrispPrefillAttentionPlugin::configurePlugin(
     }
     int64_t const maxTokens = in[1].max.d[0]; // the keys: sizes follow the longest kv sequence
     int64_t const maxBatch = in[kSEQLENS].max.d[0] - 1;
-    if (maxTokens > crispMaxTokens() || maxBatch > 65535)
+    int64_t const maxIndexed = std::max(maxTokens, in[0].max.d[0]); // chunked: the queries' profile may differ
+    if (maxIndexed > crispMaxTokens() || maxBatch > 65535)
     {
-        logError("configurePlugin: the profile allows " + std::to_string(maxTokens) + " tokens and "
+        logError("configurePlugin: the profile allows " + std::to_string(maxIndexed) + " tokens and "
             + std::to_string(maxBatch) + " sequences; the kernels take at most " + std::to_string(crispMaxTokens())
             + " tokens (int32 indices) and 65535 sequences (the grid's z axis)");
         return -1;

@@ -295,6 +295,10 @@ void checkChunkedBuildQueries(IPluginV3& plugin)
     bad[2].desc.dims.d[0] = 100;
     bad[1].desc.dims.d[0] = 200;
     expect(build->configurePlugin(bad, 5, bad + 5, 2) != 0, "chunked: rejects k and v of different token counts");
+    DynamicPluginTensorDesc wide[7];
+    std::copy(io, io + 7, wide);
+    wide[0].max.d[0] = int64_t{1} << 32; // a query profile past int32 indices, the keys' within them
+    expect(build->configurePlugin(wide, 5, wide + 5, 2) != 0, "chunked: rejects a query profile past int32 tokens");
 }
 
 // The optional fields: a set without them (the first plugin's 18) and one with them at their defaults make the
