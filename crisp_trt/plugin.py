@@ -92,12 +92,15 @@ def tensorrt(builder: bool = False):
                       f"install them with `{INSTALL_HINT}` (building engines needs a builder: {BUILDER_HINT})")
 
 
-def onnx_attributes(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int) -> dict:
+def onnx_attributes(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int, *, chunked: bool = False,
+                    return_lse: bool = False) -> dict:
     """The ONNX node attributes of one CrispPrefillAttention: every plugin field (INT32 → int, FLOAT32 → the
-    float32 value, CHAR → str) plus plugin_namespace / plugin_version, which TensorRT's ONNX parser uses to
-    find the creator when it falls back to a plugin for an unknown op."""
+    float32 value, CHAR → str; the optional chunked / return_lse only when set) plus plugin_namespace /
+    plugin_version, which TensorRT's ONNX parser uses to find the creator when it falls back to a plugin for an
+    unknown op."""
     attrs = {}
-    for name, value, kind in plugin_fields(config, num_heads, num_kv_heads, head_dim):
+    for name, value, kind in plugin_fields(config, num_heads, num_kv_heads, head_dim, chunked=chunked,
+                                           return_lse=return_lse):
         attrs[name] = (bytes(value).decode("ascii") if kind == "CHAR"
                        else float(value[0]) if kind == "FLOAT32" else int(value[0]))
     attrs.update(plugin_namespace=NAMESPACE, plugin_version=VERSION)
@@ -106,7 +109,8 @@ def onnx_attributes(config: CrispConfig, num_heads: int, num_kv_heads: int, head
 
 def config_of_attributes(attrs: dict) -> tuple[CrispConfig, int, int, int]:
     """Inverse of onnx_attributes: (CrispConfig, num_heads, num_kv_heads, head_dim). A float field comes back
-    as the shortest decimal of its float32 value (0.999 stays 0.999), the CrispConfig that was exported."""
+    as the shortest decimal of its float32 value (0.999 stays 0.999), the CrispConfig that was exported. The
+    optional fields are read with `options_of_attributes`."""
     kinds = {f.name: f.type for f in dataclasses.fields(CrispConfig)}
     missing = sorted(set(kinds) - set(attrs))
     if missing:
@@ -117,7 +121,13 @@ def config_of_attributes(attrs: dict) -> tuple[CrispConfig, int, int, int]:
             int(attrs["head_dim"]))
 
 
-def field_collection(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int, trt=None):
+def options_of_attributes(attrs: dict) -> dict:
+    """The optional fields of onnx_attributes' output: {"chunked": bool, "return_lse": bool} (absent = off)."""
+    return {name: bool(int(attrs.get(name, 0))) for name in ("chunked", "return_lse")}
+
+
+def field_collection(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int, trt=None, *,
+                     chunked: bool = False, return_lse: bool = False):
     """A trt.PluginFieldCollection of the plugin's fields (for creator.create_plugin).
 
     trt.PluginField points into its numpy array without holding it, so the collection (a subclass of the
@@ -126,7 +136,7 @@ def field_collection(config: CrispConfig, num_heads: int, num_kv_heads: int, hea
     trt = trt or tensorrt()
     types = {"INT32": trt.PluginFieldType.INT32, "FLOAT32": trt.PluginFieldType.FLOAT32,
              "CHAR": trt.PluginFieldType.CHAR}
-    fields = plugin_fields(config, num_heads, num_kv_heads, head_dim)
+    fields = plugin_fields(config, num_heads, num_kv_heads, head_dim, chunked=chunked, return_lse=return_lse)
     keeping = _KEEPING.setdefault(trt.PluginFieldCollection,
                                   type("CrispPluginFields", (trt.PluginFieldCollection,), {}))
     collection = keeping([trt.PluginField(name, value, types[kind]) for name, value, kind in fields])

@@ -476,3 +476,14 @@ def test_the_torch_op_runs_the_embedded_cubins(harness, built):
             if hashlib.sha256(compiled.asm["cubin"]).hexdigest()[:16] not in embedded:
                 missing.append(stage)
     assert not missing, f"JIT cubins not in the plugin: {missing}"
+
+
+def test_onnx_attributes_carry_the_optional_fields_only_when_set():
+    """chunked / return_lse reach the ONNX node (and back) as the plugin serialises them: only when set."""
+    plain = plugin.onnx_attributes(CrispConfig(), 14, 2, 64)
+    assert "chunked" not in plain and "return_lse" not in plain
+    assert plugin.options_of_attributes(plain) == {"chunked": False, "return_lse": False}
+    both = plugin.onnx_attributes(CrispConfig(), 14, 2, 64, chunked=True, return_lse=True)
+    assert both["chunked"] == 1 and both["return_lse"] == 1
+    assert plugin.options_of_attributes(both) == {"chunked": True, "return_lse": True}
+    assert plugin.config_of_attributes(both) == plugin.config_of_attributes(plain) == (CrispConfig(), 14, 2, 64)
