@@ -4,12 +4,14 @@
 
 CRISP's default keeps ~0.8 of the blocks of Qwen at 16k at 4–5× the error of a same-density block oracle
 (session 13/14). Here every config of a fixed grid (CRISP's knobs, block-sparse routing for every head,
-cumulative budgets, FlexPrefill-mode) and one selection no config expresses — the default plan plus, per query
-block, the `m` key blocks with the highest pooled q·k score ("+pooled m") — is scored on the same rows: whole
+cumulative budgets, FlexPrefill-mode) and two selections no config expresses — the default plan plus, per query
+block, the `m` key blocks with the highest pooled q·k score ("+pooled m"), or the blocks some row of it would
+give more than t of its mass against the blocks' mean keys ("<config>+rowmax<t>") — is scored on the same rows: whole
 query blocks spread over the sequence (bench.recall.oracle_positions "spread"), output error vs dense (fp32,
 squared errors pooled over heads and layers) and density (attended / causal keys), beside the block oracle
 at each one's own per-row counts. Use calibration captures only (the default must not be tuned on evaluation
-text). Prints a table per capture and writes <capture>_selection.json (or under $OUT).
+text). Prints a table per capture and writes <capture>_selection.json (or under $OUT). LAYERS=11,16 and
+SELECTIONS=default+rowmax0.03,... restrict the run (the default plan is always scored).
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ CONFIGS = {
     "flexprefill": method_config("flexprefill"),
 }
 POOLED_EXTRA = (2, 4, 8)  # "+pooled m" on top of the default plan
+ROWMAX_EXTRA = (0.1, 0.03, 0.01)  # "<config>+rowmax<t>" on top of these configs' plans:
+ROWMAX_ON = ("default", "cov0.99", "crisp_gamma0.99", "crisp_gamma0.995")
 
 
 def pooled_top(q: torch.Tensor, k: torch.Tensor, block: int, m: int) -> torch.Tensor:
@@ -55,6 +59,26 @@ def pooled_top(q: torch.Tensor, k: torch.Tensor, block: int, m: int) -> torch.Te
     top = score.topk(min(m, nb), -1).indices
     out = torch.zeros_like(score, dtype=torch.bool).scatter_(-1, top, True)
     return out & earlier
+
+
+def rowmax_blocks(q: torch.Tensor, k: torch.Tensor, block: int, t: float, chunk: int = 2048) -> torch.Tensor:
+    """bool [H, nb, nb]: per head and query block, the earlier key blocks (diagonal excluded) that some row of the
+    block would give more than t of its mass, estimated per row against the key blocks' mean key
+    (softmax over blocks of q_i · k̄ · scale, each block weighted by its size). Catches the query-dependent
+    references a last-window estimate cannot see, at ~1/block of dense attention's cost."""
+    n, heads, d = q.shape
+    pk = reference._expand_kv(reference.pool_blocks(k.float(), block), heads)  # [nb, H, d]
+    nb = pk.shape[0]
+    out = torch.zeros(heads, nb, nb, dtype=torch.bool)
+    kb = torch.arange(nb)
+    for lo in range(0, n, chunk):
+        rows = torch.arange(lo, min(n, lo + chunk))
+        logits = torch.einsum("rhd,khd->hrk", q[rows].float(), pk) / math.sqrt(d) + math.log(block)
+        logits = logits.masked_fill(kb[None, None] > (rows // block)[None, :, None], float("-inf"))
+        p = torch.softmax(logits, -1)
+        hit = (p > t) & (kb[None, None] < (rows // block)[None, :, None])
+        out.index_reduce_(1, rows // block, hit, "amax")
+    return out
 
 
 def layer_rows(q, k, v, masks_by_name: dict) -> list[dict]:
@@ -98,17 +122,31 @@ def summarise(rows: list[dict], names) -> dict:
 
 def main(paths: list[str]) -> None:
     block = CrispConfig().block_size
-    names = [*CONFIGS, *(f"+pooled{m}" for m in POOLED_EXTRA)]
+    names = [*CONFIGS, *(f"+pooled{m}" for m in POOLED_EXTRA),
+             *(f"{base}+rowmax{t}" for base in ROWMAX_ON for t in ROWMAX_EXTRA)]
+    only = {int(x) for x in os.environ.get("LAYERS", "").split(",") if x}  # a quick look at some layers
+    if os.environ.get("SELECTIONS"):  # and at some selections (default always, the extras build on it)
+        wanted = [x for x in os.environ["SELECTIONS"].split(",") if x in names and x != "default"]
+        names = ["default", *{x.split("+rowmax")[0]: 0 for x in wanted if x.split("+rowmax")[0] in CONFIGS}, *wanted]
+        names = list(dict.fromkeys(names))
     for path in paths:
         captured = torch.load(path)
         result = {"capture": os.path.basename(path), "configs": {k: c.to_dict() for k, c in CONFIGS.items()},
                   "pooled_extra": POOLED_EXTRA, "layers": {}}
         all_rows = []
         for layer, (q, k, v) in sorted(captured.items()):
+            if only and layer not in only:
+                continue
             q, k, v = (t[0].float() for t in (q, k, v))
-            masks = {name: reference.plan(q, k, cfg)[1] for name, cfg in CONFIGS.items()}
+            masks = {name: reference.plan(q, k, cfg)[1] for name, cfg in CONFIGS.items() if name in names}
             for m in POOLED_EXTRA:
-                masks[f"+pooled{m}"] = masks["default"] | pooled_top(q, k, block, m)
+                if f"+pooled{m}" in names:
+                    masks[f"+pooled{m}"] = masks["default"] | pooled_top(q, k, block, m)
+            for t in ROWMAX_EXTRA:
+                bases = [base for base in ROWMAX_ON if f"{base}+rowmax{t}" in names]
+                extra = rowmax_blocks(q, k, block, t) if bases else None
+                for base in bases:
+                    masks[f"{base}+rowmax{t}"] = masks[base] | extra
             rows = layer_rows(q, k, v, masks)
             all_rows += rows
             s = summarise(rows, names)
