@@ -262,3 +262,23 @@ def test_measured_reads_a_stats_json_and_names_what_is_missing(tmp_path):
         measured(str(path), (2048,), "docs")
     with pytest.raises(ValueError, match=r"--lengths: \[8192\].*2048, 4096"):
         measured(str(path), (2048, 8192), "code_calib")
+
+
+def test_fit_cli_checks_its_inputs_before_fitting(tmp_path, capsys):
+    """The fit CLI reads every input first: a corpus missing from a stats JSON, --corpus on a capture, or a
+    --predict length the file lacks is a usage error naming the option, before any minutes of fitting."""
+    from crisp_trt.workloads import fit
+
+    row = {"sink_share": 0.3, "local_share": 0.2, "top_share": 0.1, "floor": 0.5}
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps({"stats": {"code_calib": {"2048": row}}}))
+    out = str(tmp_path / "fit.json")
+    cases = [(["--capture", str(path), "--corpus", "docs", "--lengths", "2048"], "--corpus='docs'"),
+             (["--capture", str(path), "--corpus", "code_calib", "--lengths", "2048",
+               "--predict", f"{path}:65536"], f"--predict {path}:65536"),
+             (["--capture", str(tmp_path / "q.pt"), "--corpus", "code_calib"], "only for a stats JSON")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            fit.main([*argv, "--out", out])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "fit.json").exists() and not (tmp_path / "fit.json.rejected").exists()

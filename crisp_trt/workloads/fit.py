@@ -326,10 +326,13 @@ def prediction(record: dict, real: dict[int, dict]) -> dict:
     return out
 
 
-def measured(path: str, lengths, corpus: str | None = None) -> dict[int, dict]:
+def measured(path: str, lengths, corpus: str | None = None, arg: str = "--lengths") -> dict[int, dict]:
     """{n: statistics} at `lengths` from a torch.save'd capture (stats_of) or from a stats JSON measured elsewhere
-    (scripts/device/qwen_long.py stats: {"stats": {corpus: {n: statistics}}}), e.g. on the GPU machine."""
+    (scripts/device/qwen_long.py stats: {"stats": {corpus: {n: statistics}}}), e.g. on the GPU machine; `arg`
+    names the option the lengths came from in the errors."""
     if not path.endswith(".json"):
+        if corpus is not None:
+            raise ValueError(f"--corpus={corpus!r}: only for a stats JSON, and {path} is a capture")
         return stats_of(torch.load(path), lengths)
     with open(path) as f:
         corpora = json.load(f)["stats"]
@@ -337,7 +340,7 @@ def measured(path: str, lengths, corpus: str | None = None) -> dict[int, dict]:
         raise ValueError(f"--corpus={corpus!r}: expected one of {', '.join(corpora)} (the corpora in {path})")
     missing = [n for n in lengths if str(n) not in corpora[corpus]]
     if missing:
-        raise ValueError(f"--lengths: {missing} not measured in {path} for {corpus} (it has "
+        raise ValueError(f"{arg}: {missing} not measured in {path} for {corpus} (it has "
                          f"{', '.join(corpora[corpus])})")
     return {n: corpora[corpus][str(n)] for n in lengths}
 
@@ -366,17 +369,21 @@ def main(argv=None) -> None:
     if args.capture and not args.out:
         ap.error("--out: expected a path for the record when --capture is given (e.g. fitted_qwen.json)")
     ints = lambda text: tuple(int(x) for x in text.split(",") if x)  # noqa: E731
+    try:  # every input is read (and checked) before the fit, which takes minutes
+        real = measured(args.capture, ints(args.lengths), args.corpus) if args.capture else None
+        later = [measured(path, ints(lengths), args.corpus, arg=f"--predict {item}")
+                 for item in args.predict for path, _, lengths in [item.rpartition(":")]]
+    except (ValueError, FileNotFoundError) as e:
+        ap.error(str(e))
     if args.capture:
-        real = measured(args.capture, ints(args.lengths), args.corpus)
         source = args.source or f"{args.capture} {args.corpus or ''}".strip()
     else:
         real = measure_real(ints(args.lengths))
         source = ("SmolLM2-135M-Instruct Q4_1 GGUF, post-RoPE Q/K, first n tokens of /usr/share/common-licenses "
                   "(Debian base-files), last 64 query rows, layers 0,5,10,15,20,25,29, all 9 heads, mean over layers")
     record, ok = fit_record(real, source, args.ref_n, ints(args.extrapolate), ints(args.validate))
-    for item in args.predict:
-        path, _, lengths = item.rpartition(":")
-        record.setdefault("predictions", {}).update(prediction(record, measured(path, ints(lengths), args.corpus)))
+    for real_n in later:
+        record.setdefault("predictions", {}).update(prediction(record, real_n))
     write_fit(record, args.out or FITTED_PATH, ok)
 
 

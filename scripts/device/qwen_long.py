@@ -1,4 +1,4 @@
-"""Real long context on the GPU machine: Qwen2.5-Coder-0.5B at 16k–128k (YaRN ×4 above 32k), one step a call.
+"""Real long context on the GPU machine: Qwen2.5-Coder-0.5B at 16k–128k (YaRN above 32k: ×2 at 64k, ×4 at 128k), one step a call.
 
     bash scripts/device/unstage.sh qwen && python3 scripts/device/qwen_long.py STEP [STEP ...] [--lengths ...]
 
@@ -10,8 +10,9 @@ Steps (each writes $OUT/<step>.json and prints a short table last):
          (crisp_trt.bench.defaults.pick) is kept in /tmp/crisp_pick.json for the steps after it
   e2e    whole-model TTFT dense vs CRISP (and the pick, FlexPrefill-mode) on the code corpus
   stats  the synthetic generator's statistics (workloads.fit.stats_of, all 24 layers) of the calibration corpora:
-         2k–32k from one 32k capture, 64k and 128k (YaRN) from their own → stats.json, which
-         `python -m crisp_trt.workloads.fit --stats stats.json ...` refits and checks on any machine
+         2k–32k from one 32k capture, 64k and 128k (YaRN ×2 / ×4, recorded under "rope") from their own →
+         stats.json, which `python -m crisp_trt.workloads.fit --capture stats.json --corpus code_calib
+         --lengths 2048,4096,8192,16384,32768 --out ...` refits and checks on any machine
   acc    passkey and multikey retrieval (paired, 4 depths) + perplexity at --ppl-length (docs corpus)
   plot   qwen_speed.png from op.json and e2e.json in $OUT (no GPU, no model: runs anywhere)
 Needs CRISP_TRT_TEXTS (crisp_trt.workloads.texts.export) and gguf importable (for prep).
@@ -140,10 +141,11 @@ def step_stats(args):
 
     mdl, tok = model()
     rope = rope_for(mdl)
-    result = {"model": "Qwen2.5-Coder-0.5B-Instruct bf16", "gpu": torch.cuda.get_device_name(), "stats": {}}
+    result = {"model": "Qwen2.5-Coder-0.5B-Instruct bf16", "gpu": torch.cuda.get_device_name(), "stats": {}, "rope": {}}
     for source in ("code_calib", "docs_calib"):
         for n, lengths in ((32768, (2048, 4096, 8192, 16384, 32768)), (65536, (65536,)), (131072, (131072,))):
             set_rope_scaling(mdl, rope(n))
+            result["rope"][str(n)] = rope(n)  # YaRN's attention factor also scales the logits: not only length
             got = stats_of(capture(mdl, text_ids(tok, n, source=source), out_device="cuda", dtype=torch.bfloat16),
                            lengths)
             result["stats"].setdefault(source, {}).update({str(m): s for m, s in got.items()})

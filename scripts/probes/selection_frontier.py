@@ -62,10 +62,11 @@ def pooled_top(q: torch.Tensor, k: torch.Tensor, block: int, m: int) -> torch.Te
 
 
 def rowmax_blocks(q: torch.Tensor, k: torch.Tensor, block: int, t: float, chunk: int = 2048) -> torch.Tensor:
-    """bool [H, nb, nb]: per head and query block, the earlier key blocks (diagonal excluded) that some row of the
-    block would give more than t of its mass, estimated per row against the key blocks' mean key
-    (softmax over blocks of q_i · k̄ · scale, each block weighted by its size). Catches the query-dependent
-    references a last-window estimate cannot see, at ~1/block of dense attention's cost."""
+    """bool [H, nb, nb]: per head and query block, the earlier key blocks that some row of the block would give
+    more than t of its mass, estimated per row as a softmax of q_i · k̄ · scale over the key blocks' mean keys
+    k̄ (the row's own diagonal block included with its whole mean, future keys too: a cheap, slightly
+    diagonal-heavy denominator). Catches the query-dependent references a last-window estimate cannot see, at
+    ~1/block of dense attention's cost."""
     n, heads, d = q.shape
     pk = reference._expand_kv(reference.pool_blocks(k.float(), block), heads)  # [nb, H, d]
     nb = pk.shape[0]
@@ -73,7 +74,7 @@ def rowmax_blocks(q: torch.Tensor, k: torch.Tensor, block: int, t: float, chunk:
     kb = torch.arange(nb)
     for lo in range(0, n, chunk):
         rows = torch.arange(lo, min(n, lo + chunk))
-        logits = torch.einsum("rhd,khd->hrk", q[rows].float(), pk) / math.sqrt(d) + math.log(block)
+        logits = torch.einsum("rhd,khd->hrk", q[rows].float(), pk) / math.sqrt(d)
         logits = logits.masked_fill(kb[None, None] > (rows // block)[None, :, None], float("-inf"))
         p = torch.softmax(logits, -1)
         hit = (p > t) & (kb[None, None] < (rows // block)[None, :, None])
@@ -126,11 +127,14 @@ def main(paths: list[str]) -> None:
              *(f"{base}+rowmax{t}" for base in ROWMAX_ON for t in ROWMAX_EXTRA)]
     only = {int(x) for x in os.environ.get("LAYERS", "").split(",") if x}  # a quick look at some layers
     if os.environ.get("SELECTIONS"):  # and at some selections (default always, the extras build on it)
-        wanted = [x for x in os.environ["SELECTIONS"].split(",") if x in names and x != "default"]
+        asked = [x for x in os.environ["SELECTIONS"].split(",") if x]
+        if any(x not in names for x in asked):
+            sys.exit(f"SELECTIONS: {[x for x in asked if x not in names]} unknown; expected any of {', '.join(names)}")
+        wanted = [x for x in asked if x != "default"]
         names = ["default", *{x.split("+rowmax")[0]: 0 for x in wanted if x.split("+rowmax")[0] in CONFIGS}, *wanted]
         names = list(dict.fromkeys(names))
     for path in paths:
-        captured = torch.load(path)
+        captured = torch.load(path, map_location="cpu")
         result = {"capture": os.path.basename(path), "configs": {k: c.to_dict() for k, c in CONFIGS.items()},
                   "pooled_extra": POOLED_EXTRA, "layers": {}}
         all_rows = []
