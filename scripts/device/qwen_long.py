@@ -144,8 +144,8 @@ def step_stats(args):
     result = {"model": "Qwen2.5-Coder-0.5B-Instruct bf16", "gpu": torch.cuda.get_device_name(), "stats": {}, "rope": {}}
     for source in ("code_calib", "docs_calib"):
         for n, lengths in ((32768, (2048, 4096, 8192, 16384, 32768)), (65536, (65536,)), (131072, (131072,))):
-            set_rope_scaling(mdl, rope(n))
             result["rope"][str(n)] = rope(n)  # YaRN's attention factor also scales the logits: not only length
+            set_rope_scaling(mdl, result["rope"][str(n)])
             got = stats_of(capture(mdl, text_ids(tok, n, source=source), out_device="cuda", dtype=torch.bfloat16),
                            lengths)
             result["stats"].setdefault(source, {}).update({str(m): s for m, s in got.items()})

@@ -15,18 +15,16 @@ SELECTIONS=default+rowmax0.03,... restrict the run (the default plan is always s
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 
 import torch
+from capture_rows import Head, Rows, run
 
 from crisp_trt import CrispConfig, reference
-from crisp_trt.bench.recall import dense_rows, oracle_positions
 from crisp_trt.config import method_config
 
-ROWS = 1024
 CONFIGS = {
     "default": CrispConfig(),
     "kappa4": CrispConfig(kappa=4.0),
@@ -61,68 +59,59 @@ def pooled_top(q: torch.Tensor, k: torch.Tensor, block: int, m: int) -> torch.Te
     return out & earlier
 
 
-def rowmax_blocks(q: torch.Tensor, k: torch.Tensor, block: int, t: float, chunk: int = 2048) -> torch.Tensor:
-    """bool [H, nb, nb]: per head and query block, the earlier key blocks that some row of the block would give
-    more than t of its mass, estimated per row as a softmax of q_i · k̄ · scale over the key blocks' mean keys
+def rowmax_mass(q: torch.Tensor, k: torch.Tensor, block: int, chunk: int = 2048) -> torch.Tensor:
+    """f32 [H, nb, nb]: per head, query block and earlier key block, the most mass any row of the query block
+    would give the key block, estimated per row as a softmax of q_i · k̄ · scale over the key blocks' mean keys
     k̄ (the row's own diagonal block included with its whole mean, future keys too: a cheap, slightly
-    diagonal-heavy denominator). Catches the query-dependent references a last-window estimate cannot see, at
-    ~1/block of dense attention's cost."""
+    diagonal-heavy denominator); 0 on and above the diagonal. "+rowmax t" adds the blocks above t: the
+    query-dependent references a last-window estimate cannot see, at ~1/block of dense attention's cost."""
     n, heads, d = q.shape
     pk = reference._expand_kv(reference.pool_blocks(k.float(), block), heads)  # [nb, H, d]
     nb = pk.shape[0]
-    out = torch.zeros(heads, nb, nb, dtype=torch.bool)
+    out = torch.zeros(heads, nb, nb)
     kb = torch.arange(nb)
     for lo in range(0, n, chunk):
         rows = torch.arange(lo, min(n, lo + chunk))
         logits = torch.einsum("rhd,khd->hrk", q[rows].float(), pk) / math.sqrt(d)
         logits = logits.masked_fill(kb[None, None] > (rows // block)[None, :, None], float("-inf"))
-        p = torch.softmax(logits, -1)
-        hit = (p > t) & (kb[None, None] < (rows // block)[None, :, None])
-        out.index_reduce_(1, rows // block, hit, "amax")
+        p = torch.softmax(logits, -1) * (kb[None, None] < (rows // block)[None, :, None])
+        out.index_reduce_(1, rows // block, p, "amax")
     return out
 
 
 def layer_rows(q, k, v, masks_by_name: dict) -> list[dict]:
     """Per head and selection: squared error, density and the same-count block oracle's squared error."""
-    n, heads, d = q.shape
+    n, heads, _ = q.shape
     block, group = CrispConfig().block_size, heads // k.shape[1]
-    r = oracle_positions(n, block, ROWS, "spread")
-    qb = r // block
-    blocks, inverse = torch.unique(qb, return_inverse=True)
-    future = torch.arange(n)[None] > r[:, None]
-    causal_keys = float((r + 1).sum())
-    rows = []
+    rows, out = Rows(n, block), []
     for h in range(heads):
-        p, mass = dense_rows(q[r, h], k[:, h // group], future, block)
-        vv = v[:, h // group].float()
-        dense = p @ vv
-        per_block = torch.zeros(len(blocks), mass.shape[-1]).index_add_(0, inverse, mass)
-        rank = per_block.argsort(-1, descending=True).argsort(-1)
-        row = dict(head=h, dense_sq=float(dense.square().sum()))
-
-        def score(allowed):
-            kept = p * allowed
-            return float(((kept / kept.sum(-1, keepdim=True)) @ vv - dense).square().sum())
-
+        head = Head(rows, q[rows.r, h], k[:, h // group], v[:, h // group])
+        row = dict(head=h, dense_sq=float(head.dense.square().sum()))
         for name, masks in masks_by_name.items():
-            chosen = masks[h][blocks]  # [len(blocks), NB]
-            allowed = chosen[inverse].repeat_interleave(block, -1)[:, :n] & ~future
-            oracle = (rank < chosen.sum(-1, keepdim=True))[inverse].repeat_interleave(block, -1)[:, :n] & ~future
-            row[f"{name}_sq"], row[f"{name}_oracle_sq"] = score(allowed), score(oracle)
-            row[f"{name}_density"] = float(allowed.sum()) / causal_keys
-        rows.append(row)
-    return rows
+            chosen = masks[h][rows.blocks]  # [len(blocks), NB]
+            row.update(head.score(name, rows.keys(chosen)))
+            row[f"{name}_oracle_sq"] = head.squared_error(head.oracle(chosen.sum(-1)))
+        out.append(row)
+    return out
 
 
-def summarise(rows: list[dict], names) -> dict:
-    dense = sum(r["dense_sq"] for r in rows)
-    return {name: dict(density=sum(r[f"{name}_density"] for r in rows) / len(rows),
-                       error=math.sqrt(sum(r[f"{name}_sq"] for r in rows) / dense),
-                       oracle_error=math.sqrt(sum(r[f"{name}_oracle_sq"] for r in rows) / dense)) for name in names}
+def masks_of(q, k, names) -> dict:
+    """bool [H, nb, nb] block masks of every selection in `names` for one layer."""
+    block = CrispConfig().block_size
+    masks = {name: reference.plan(q, k, cfg)[1] for name, cfg in CONFIGS.items() if name in names}
+    for m in POOLED_EXTRA:
+        if f"+pooled{m}" in names:
+            masks[f"+pooled{m}"] = masks["default"] | pooled_top(q, k, block, m)
+    if any("+rowmax" in name for name in names):
+        spikes = rowmax_mass(q, k, block)
+        for base in ROWMAX_ON:
+            for t in ROWMAX_EXTRA:
+                if f"{base}+rowmax{t}" in names:
+                    masks[f"{base}+rowmax{t}"] = masks[base] | (spikes > t)
+    return masks
 
 
 def main(paths: list[str]) -> None:
-    block = CrispConfig().block_size
     names = [*CONFIGS, *(f"+pooled{m}" for m in POOLED_EXTRA),
              *(f"{base}+rowmax{t}" for base in ROWMAX_ON for t in ROWMAX_EXTRA)]
     only = {int(x) for x in os.environ.get("LAYERS", "").split(",") if x}  # a quick look at some layers
@@ -133,39 +122,8 @@ def main(paths: list[str]) -> None:
         wanted = [x for x in asked if x != "default"]
         names = ["default", *{x.split("+rowmax")[0]: 0 for x in wanted if x.split("+rowmax")[0] in CONFIGS}, *wanted]
         names = list(dict.fromkeys(names))
-    for path in paths:
-        captured = torch.load(path, map_location="cpu")
-        result = {"capture": os.path.basename(path), "configs": {k: c.to_dict() for k, c in CONFIGS.items()},
-                  "pooled_extra": POOLED_EXTRA, "layers": {}}
-        all_rows = []
-        for layer, (q, k, v) in sorted(captured.items()):
-            if only and layer not in only:
-                continue
-            q, k, v = (t[0].float() for t in (q, k, v))
-            masks = {name: reference.plan(q, k, cfg)[1] for name, cfg in CONFIGS.items() if name in names}
-            for m in POOLED_EXTRA:
-                if f"+pooled{m}" in names:
-                    masks[f"+pooled{m}"] = masks["default"] | pooled_top(q, k, block, m)
-            for t in ROWMAX_EXTRA:
-                bases = [base for base in ROWMAX_ON if f"{base}+rowmax{t}" in names]
-                extra = rowmax_blocks(q, k, block, t) if bases else None
-                for base in bases:
-                    masks[f"{base}+rowmax{t}"] = masks[base] | extra
-            rows = layer_rows(q, k, v, masks)
-            all_rows += rows
-            s = summarise(rows, names)
-            result["layers"][layer] = dict(heads=rows, summary=s)
-            print(f"{os.path.basename(path)} layer {layer:>2}: " + "  ".join(
-                f"{n} {s[n]['density']:.3f}/{100 * s[n]['error']:.2f}%" for n in names), flush=True)
-        result["summary"] = summarise(all_rows, names)
-        print(f"\n{os.path.basename(path)}, all layers:\n{'selection':<22}{'density':>9}{'error %':>9}{'oracle %':>9}")
-        for name, s in sorted(result["summary"].items(), key=lambda kv: kv[1]["density"]):
-            print(f"{name:<22}{s['density']:>9.3f}{100 * s['error']:>9.2f}{100 * s['oracle_error']:>9.2f}")
-        out = os.path.join(os.environ.get("OUT", os.path.dirname(path)),
-                           os.path.basename(path).replace(".pt", "_selection.json"))
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
-        print("wrote", out)
+    meta = {"configs": {k: c.to_dict() for k, c in CONFIGS.items()}, "pooled_extra": POOLED_EXTRA}
+    run(paths, lambda q, k, v: layer_rows(q, k, v, masks_of(q, k, names)), names, "_selection", meta, only)
 
 
 if __name__ == "__main__":
