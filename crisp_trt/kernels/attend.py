@@ -63,7 +63,7 @@ def _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, qb, k
 def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_ptr, cu_k_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale,
                   total, total_k, write_lse, H, G, NQB, MAXK, BLOCK: tl.constexpr, D: tl.constexpr,
                   INTERPRET: tl.constexpr):
-    qb = tl.program_id(0)
+    qb = NQB - 1 - tl.program_id(0)  # the longest key lists first: a shorter tail on the last wave
     h = tl.program_id(1)
     s = tl.program_id(2)
     q_start, q_len, start, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NQB * BLOCK)

@@ -68,7 +68,8 @@ def options(stage: str, block: int, d: int) -> dict:
     warps = 8 if stage in WIDE and block * d > 64 * 128 else 4
     if stage != "attend":
         return {"num_warps": warps, "num_stages": 3}
-    return {"num_warps": warps, "num_stages": 1 if block * d > 128 * 128 else 2}  # B=128, d=256: 1 stage fits
+    stages = 1 if block * d > 128 * 128 else 2 if block * d > 64 * 128 else 3  # B=128, d=256: 1 stage fits
+    return {"num_warps": warps, "num_stages": stages}  # d 64: 3 stages +3-5 % (probes/attend_variants.json)
 
 
 _COMPILED: dict = {}  # launch key → (CompiledKernel, constexpr values in signature order)

@@ -29,7 +29,7 @@ from crisp_trt.lengths import parse_length
 SOURCE = Path(__file__).resolve().parents[2] / "crisp_trt/kernels/attend.py"
 IMPORTS = [("from .bounds import", "from crisp_trt.kernels.bounds import"),
            ("from .launch import", "from crisp_trt.kernels.launch import")]
-REVERSE = [("    qb = tl.program_id(0)\n", "    qb = NQB - 1 - tl.program_id(0)\n")]
+REVERSE = [("    qb = NQB - 1 - tl.program_id(0)", "    qb = tl.program_id(0)")]  # the shipped order is reversed
 HALVES = [("""    rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
     k_pos = kb * BLOCK + rows
