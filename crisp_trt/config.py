@@ -40,6 +40,11 @@ class CrispConfig:
     budget         "floor" (sink-aware noise floor, CRISP) or "cumulative" (keep until gamma of the mass).
     gamma          mass to cover for budget="cumulative".
     floor_samples  sampled entries per query-block row for the block-sparse heads' noise floor.
+    spike          also attend, per query block, each earlier key block that some row of the block would give
+                   more than this share of its attention, estimated against the blocks' mean keys (at most
+                   max_blocks such blocks beyond the route's, lowest first; reference.spikes); 0 turns it off.
+                   It catches query-dependent far references no last-window estimate sees (bench/NOTES.md,
+                   session 15: on real Qwen attention at 16k, +rowmax 0.01 quarters the default's error).
     """
 
     block_size: int = 128
@@ -57,6 +62,7 @@ class CrispConfig:
     budget: str = "floor"
     gamma: float = 0.9
     floor_samples: int = 64
+    spike: float = 0.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, expected: str) -> None:
@@ -75,7 +81,7 @@ class CrispConfig:
                      "max_budget", "dense_below", "floor_samples"):
             if not is_int(name):
                 raise TypeError(f"CrispConfig.{name}={getattr(self, name)!r}: expected an int")
-        for name in ("kappa", "coverage", "floor_quantile", "tau", "gamma"):
+        for name in ("kappa", "coverage", "floor_quantile", "tau", "gamma", "spike"):
             if not is_num(name):
                 raise TypeError(f"CrispConfig.{name}={getattr(self, name)!r}: expected a finite number")
         need(self.block_size in (64, 128), "block_size", "64 or 128")
@@ -96,6 +102,7 @@ class CrispConfig:
         need(0.0 < self.gamma <= 1.0, "gamma", "a number in (0, 1]")
         need(0.0 <= self.coverage <= 1.0, "coverage", "a number in [0, 1]")
         need(self.floor_samples in (16, 32, 64, 128), "floor_samples", "16, 32, 64 or 128")
+        need(0.0 <= self.spike < 1.0, "spike", "a number in [0, 1) (0: off)")
 
     # Derived, block-granular quantities shared by the reference and the kernels.
     @property
@@ -125,7 +132,8 @@ class CrispConfig:
         """Capacity of one query block's key-block list (off-diagonal blocks), for num_blocks blocks."""
         vertical_slash = self.sink_blocks + self.max_blocks + 2 * (self.max_blocks + self.local_blocks)
         block_sparse = self.sink_blocks + self.local_blocks + self.max_blocks
-        return max(1, min(num_blocks, max(vertical_slash, block_sparse)))
+        spikes = self.max_blocks if self.spike > 0 else 0
+        return max(1, min(num_blocks, max(vertical_slash, block_sparse) + spikes))
 
     def replace(self, **changes) -> "CrispConfig":
         return dataclasses.replace(self, **changes)

@@ -63,11 +63,11 @@ def plugin_fields(config: CrispConfig, num_heads: int, num_kv_heads: int, head_d
         raise ValueError(f"num_kv_heads={num_kv_heads}: expected a divisor of num_heads={num_heads}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim={head_dim}: expected one of {HEAD_DIMS}")
-    values = dict(config.to_dict(), num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
-    values.update({name: 1 for name, on in (("chunked", chunked), ("return_lse", return_lse)) if on})
+    values = dict(config.to_dict(), num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                  chunked=int(chunked), return_lse=int(return_lse))
     fields = []
-    for name, kind in contract.FIELDS:  # the plugin's order and types; an optional field only when given
-        if name not in values:
+    for name, kind in contract.FIELDS:  # the plugin's order and types; an optional field only off its default
+        if name in contract.OPTIONAL and values[name] == contract.OPTIONAL[name]:
             continue
         value = values[name]
         if kind == "CHAR":
@@ -112,6 +112,7 @@ def config_of_attributes(attrs: dict) -> tuple[CrispConfig, int, int, int]:
     as the shortest decimal of its float32 value (0.999 stays 0.999), the CrispConfig that was exported. The
     optional fields are read with `options_of_attributes`."""
     kinds = {f.name: f.type for f in dataclasses.fields(CrispConfig)}
+    attrs = {**{n: v for n, v in contract.OPTIONAL.items() if n in kinds}, **attrs}  # optional: absent = default
     missing = sorted(set(kinds) - set(attrs))
     if missing:
         raise ValueError(f"{NAME} node attributes: missing {missing}")

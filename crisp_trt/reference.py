@@ -16,7 +16,10 @@ route     per head, the vertical-slash keep maps: noise floor = floor_quantile o
           iff sqrt(JSD(vsum, pooled)) ≥ tau); then a head that reached coverage keeps only its heaviest
           columns and offsets that still cover it (trim_to_coverage).
 select    per query block, the attended key blocks: vertical-slash → kept column blocks ∪ {qb - x : x ∈ kept
-          distances}; block-sparse → pooled-Q·pooled-K row selection; always the sink, local and diagonal.
+          distances}; block-sparse → pooled-Q·pooled-K row selection; always the sink, local and diagonal;
+          then (spike > 0) the spikes: earlier key blocks some row of the query block would give more than
+          `spike` of its attention (softmax of q_i · k̄_j · scale over the key blocks j ≤ qb, k̄ a block's mean
+          key), at most max_blocks of them beyond the route's, lowest first.
           A route can be forced (select(..., route=...)): calibration scores each head under both.
 attend    causal attention restricted to the selected blocks.
 plan      estimate → route → select of one sequence.
@@ -305,6 +308,40 @@ def block_sparse_row(pooled_q: torch.Tensor, pooled_k: torch.Tensor, qb: int, cf
     return keep
 
 
+def spike_mass(q: torch.Tensor, k: torch.Tensor, block: int, rows_per_step: int = 2048) -> torch.Tensor:
+    """f32 [H, NB, NB]: per head, absolute query block qb and earlier key block kb < qb, the most attention any of
+    the chunk's rows in qb would give kb, estimated per row i as softmax over the key blocks j ≤ qb of
+    q_i · k̄_j / sqrt(d) (k̄_j: block j's mean key; the row's own block with its whole mean). 0 elsewhere. Costs
+    ≈ 1/B of dense attention: the pooled keys stand in for the block's keys."""
+    q_len, heads, d = q.shape
+    n = k.shape[0]
+    pooled_k = _expand_kv(pool_blocks(k, block), heads)  # [NB, H, d]
+    nb = pooled_k.shape[0]
+    out = torch.zeros(heads, nb, nb, device=q.device)
+    kb = torch.arange(nb, device=q.device)
+    for lo in range(0, q_len, rows_per_step):
+        qb = torch.arange(n - q_len + lo, n - q_len + min(q_len, lo + rows_per_step), device=q.device) // block
+        logits = torch.einsum("rhd,khd->hrk", q[lo:lo + rows_per_step].float(), pooled_k) / math.sqrt(d)
+        logits = logits.masked_fill(kb[None, None] > qb[None, :, None], float("-inf"))
+        p = torch.softmax(logits, -1) * (kb[None, None] < qb[None, :, None])
+        out.scatter_reduce_(1, qb[None, :, None].expand_as(p), p, "amax")
+    return out
+
+
+def spikes(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> torch.Tensor:
+    """bool [H, NB, NB]: the key blocks spike_mass puts above cfg.spike (none when cfg.spike == 0)."""
+    if cfg.spike == 0:
+        nb = num_blocks(k.shape[0], cfg.block_size)
+        return torch.zeros(q.shape[1], nb, nb, dtype=torch.bool)
+    return (spike_mass(q, k, cfg.block_size) > cfg.spike).cpu()
+
+
+def add_spikes(masks: torch.Tensor, extra: torch.Tensor, max_blocks: int) -> torch.Tensor:
+    """masks ∪ the first max_blocks (lowest) blocks of each row of `extra` that masks does not hold yet."""
+    new = extra & ~masks
+    return masks | (new & (torch.cumsum(new.int(), -1) <= max_blocks))
+
+
 def select(q: torch.Tensor, k: torch.Tensor, sel: HeadSelection, cfg: CrispConfig,
            route: int | None = None) -> torch.Tensor:
     """Attended key blocks per head and absolute query block: bool [H, NB, NB] (NB of kv_len), diagonal included;
@@ -323,6 +360,8 @@ def select(q: torch.Tensor, k: torch.Tensor, sel: HeadSelection, cfg: CrispConfi
                 masks[h, qb] = vertical_slash_union(sel.columns[h], sel.distances[h], qb)
             else:
                 masks[h, qb] = block_sparse_row(pooled_q[qb - qb0, h], pooled_k[:, h], qb, cfg, 1 / math.sqrt(d))
+    if cfg.spike > 0:
+        masks[:, qb0:] = add_spikes(masks[:, qb0:], spikes(q, k, cfg)[:, qb0:], cfg.max_blocks)
     return masks
 
 

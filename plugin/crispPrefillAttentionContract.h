@@ -63,6 +63,7 @@ struct CrispParams
     int32_t headDim{0};
     int32_t chunked{0};
     int32_t returnLse{0};
+    float spike{0.0F};
 
     int64_t window() const noexcept
     {
@@ -112,6 +113,7 @@ struct CrispParams
     X(head_dim, headDim, kINT32) \
     X(chunked, chunked, kINT32) \
     X(return_lse, returnLse, kINT32) \
+    X(spike, spike, kFLOAT32) \
 
 //! Fields 0 .. kCRISP_NB_REQUIRED_FIELDS - 1 are required; the rest are optional (default: CrispParams').
 constexpr int32_t kCRISP_NB_REQUIRED_FIELDS = 18;
@@ -183,6 +185,10 @@ inline std::string crispCheckRanges(CrispParams const& p)
     {
         return "floor_samples: expected 16, 32, 64 or 128";
     }
+    if (!(std::isfinite(p.spike) && (0 <= p.spike && p.spike < 1)))
+    {
+        return "spike: expected a number in [0, 1) (0: off)";
+    }
     if (!(1 <= p.numHeads && p.numHeads <= 1024))
     {
         return "num_heads: expected an int in [1, 1024]";
@@ -228,7 +234,7 @@ inline CrispSizes crispSizes(CrispParams const& p, int64_t maxSeqlen) noexcept
     z.nchCap = crispMin(64, crispCdiv(z.nb, 4));
     z.maxc = crispMax(1, crispMin(z.nb, (p.sinkBlocks() + p.maxBlocks())));
     z.maxd = crispMax(1, crispMin(z.nb, (2 * (p.localBlocks + p.maxBlocks()))));
-    z.maxk = crispMax(1, crispMin(z.nb, crispMax(((p.sinkBlocks() + p.maxBlocks()) + (2 * (p.maxBlocks() + p.localBlocks))), ((p.sinkBlocks() + p.localBlocks) + p.maxBlocks()))));
+    z.maxk = crispMax(1, crispMin(z.nb, (crispMax(((p.sinkBlocks() + p.maxBlocks()) + (2 * (p.maxBlocks() + p.localBlocks))), ((p.sinkBlocks() + p.localBlocks) + p.maxBlocks())) + ((p.spike > 0) ? p.maxBlocks() : 0))));
     z.routeChunk = crispMin(kCRISP_ROUTE_CHUNK_MAX, crispPow2(z.nb));
     return z;
 }
@@ -258,6 +264,7 @@ enum CrispBuffer : int32_t
     kCRISP_BUFFER_C_STRUCT,
     kCRISP_BUFFER_DENSE,
     kCRISP_BUFFER_SCRATCH,
+    kCRISP_BUFFER_SPIKES,
     kCRISP_BUFFER_IDX,
     kCRISP_NB_BUFFERS
 };
@@ -354,6 +361,8 @@ inline CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& p, int64_t s
     at = crispAddBytes(at, crispBufferBytes({S}, 4));
     w.offset[kCRISP_BUFFER_SCRATCH] = at;
     at = crispAddBytes(at, crispBufferBytes({S, H, z.nb, z.nb}, 4));
+    w.offset[kCRISP_BUFFER_SPIKES] = at;
+    at = crispAddBytes(at, crispBufferBytes({S, H, ((p.spike > 0) ? z.nb : 1), ((p.spike > 0) ? z.nb : 1)}, 1));
     w.offset[kCRISP_BUFFER_IDX] = at;
     at = crispAddBytes(at, crispBufferBytes({S, H, z.nb, z.maxk}, 4));
     w.total = at;
@@ -369,7 +378,7 @@ struct CrispLaunch
     int64_t grid[3];
     bool enabled;
 };
-constexpr int32_t kCRISP_NB_LAUNCHES = 10;
+constexpr int32_t kCRISP_NB_LAUNCHES = 11;
 
 //! The launches in order (crisp_trt/kernels/pipeline.py's), for S sequences of `total` packed query tokens
 //! and `totalK` packed key tokens.
@@ -389,6 +398,7 @@ inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams 
         {"pool", {z.nb, (H + HK), S}, true},
         {"route", {H, S, 1}, true},
         {"route_jsd", {H, S, 1}, (p.routing == "jsd")},
+        {"spike", {z.nb, H, S}, (p.spike > 0)},
         {"select", {crispCdiv(z.nb, kCRISP_QG), H, S}, true},
         {"attend", {z.nb, H, S}, true},
         {"poison_scan", {crispCdiv(crispMax((crispMax((total * H), (totalK * HK)) * D), 1), kCRISP_ELEMS), 3, 1}, true},
@@ -417,7 +427,7 @@ struct CrispTensors
     void const* cuSeqlensK;
     void* lse;
 };
-constexpr int32_t kCRISP_NB_ARGS = 69;
+constexpr int32_t kCRISP_NB_ARGS = 71;
 
 //! Every kernel argument of one enqueue, by name: the tensors, the workspace buffers, Triton's hidden
 //! pointers (null), the scalars and the variant constexprs (contract.py's tables).
@@ -455,6 +465,7 @@ inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p
         {"route_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_ROUTE], 0, 0.F},
         {"dense_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_DENSE], 0, 0.F},
         {"scratch_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_SCRATCH], 0, 0.F},
+        {"spk_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_SPIKES], 0, 0.F},
         {"idx_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_IDX], 0, 0.F},
         {"counts_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_COUNTS], 0, 0.F},
         {"cnt_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_COUNTS], 0, 0.F},
@@ -467,6 +478,7 @@ inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p
         {"gamma", CrispParamType::kFLOAT32, nullptr, 0, static_cast<float>(p.gamma)},
         {"tau", CrispParamType::kFLOAT32, nullptr, 0, static_cast<float>(p.tau)},
         {"coverage", CrispParamType::kFLOAT32, nullptr, 0, static_cast<float>(p.coverage)},
+        {"spike", CrispParamType::kFLOAT32, nullptr, 0, static_cast<float>(p.spike)},
         {"steps", CrispParamType::kINT32, nullptr, static_cast<int64_t>(p.kappaSteps()), 0.F},
         {"total", CrispParamType::kINT32, nullptr, static_cast<int64_t>(total), 0.F},
         {"total_k", CrispParamType::kINT32, nullptr, static_cast<int64_t>(totalK), 0.F},

@@ -86,6 +86,9 @@ PIPELINE_CONFIGS = {
     "crisp_gamma": BASE.replace(budget="cumulative"),
     "gamma_block_sparse": BASE.replace(budget="cumulative", tau=1.5),
     "crisp_jsd": BASE.replace(routing="jsd", tau=0.1),
+    "spike_vertical_slash": BASE.replace(tau=0.0, kappa=64.0, spike=0.1),  # spikes beside columns and diagonals
+    "spike_block_sparse": BASE.replace(tau=1.5, kappa=64.0, spike=0.1),  # ... beside a block-sparse row's picks
+    "spike_capped": BASE.replace(tau=0.0, kappa=64.0, spike=0.01, max_budget=128),  # more spikes than max_blocks
 }
 
 
@@ -238,6 +241,7 @@ CHUNK_CASES = {  # (config, query lengths, kv lengths): offsets on and off block
     "block_sparse_unaligned": (BASE.replace(tau=1.5), [400, 37], [900, 300]),
     "varlen_offsets": (BASE.replace(dense_below=256, tau=0.97), [300, 0, 100, 20, 450], [640, 200, 200, 700, 450]),
     "jsd_window": (BASE.replace(routing="jsd", tau=0.1, last_q=32), [500, 10], [700, 400]),
+    "spike_unaligned": (BASE.replace(tau=0.97, kappa=64.0, spike=0.1), [400, 37], [900, 300]),
 }
 
 
@@ -269,3 +273,30 @@ def test_chunk_dense_equivalent_is_dense_and_poison(device):
                          else dev[2], dev[3], 500, cfg, cu_seqlens_k=torch.tensor(bad, dtype=torch.int32,
                                                                                   device=device), return_lse=True)
         assert torch.isnan(res[0]).all() and torch.isnan(res[1]).all(), bad
+
+
+@pytest.mark.parametrize("dtype,block", [(torch.float16, 64), (torch.bfloat16, 128)])
+def test_spike_map_matches_reference(device, dtype, block):
+    """spike.py's map equals reference.spikes wherever the reference's share is not within 1e-3 of the threshold
+    (tf32 logits), on varlen chunks; no spike is flagged at or above the diagonal of what select reads."""
+    from crisp_trt.kernels.pipeline import Stages
+
+    cfg = BASE.replace(block_size=block, spike=0.08)
+    lens_q, lens_k = [500, 260], [700, 260]
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    qs, k, _ = (t[0].to(dtype) for t in synthetic_qkv(int(cu_k[-1]), 4, 2, 64, seed=12))
+    q = torch.cat([qs[int(b) - n: int(b)] for n, b in zip(lens_q, cu_k[1:])])
+    st = Stages(q.to(device), k.to(device), cu_q.to(device), max(lens_k), cfg, cu_k.to(device))
+    st.plan()
+    flagged = 0
+    for s, (q_len, kv_len) in enumerate(zip(lens_q, lens_k)):
+        qf, kf = q[int(cu_q[s]):int(cu_q[s + 1])].float(), k[int(cu_k[s]):int(cu_k[s + 1])].float()
+        nb, qb0 = reference.num_blocks(kv_len, block), reference.first_block(qf, kf, block)
+        mass = reference.spike_mass(qf, kf, block)[:, qb0:]
+        got = st._buffer("spikes")[s, :, qb0:nb, :nb].cpu().bool()
+        below = torch.ones(nb, nb, dtype=torch.bool).tril(-1)[qb0:]
+        clear = below & ((mass - cfg.spike).abs() > 1e-3)
+        assert torch.equal(got[clear], (mass > cfg.spike)[clear])
+        flagged += int((mass > cfg.spike)[:, below].sum())
+    assert flagged > 0, "the case must flag some blocks"

@@ -89,11 +89,13 @@ def _serialised(fields) -> str:
 def test_fields_cover_config_and_heads():
     fields = plugin.plugin_fields(CrispConfig(), 32, 8, 128)
     names = [name for name, _, _ in fields]
-    assert names == list(CrispConfig().to_dict()) + ["num_heads", "num_kv_heads", "head_dim"]
-    optional = plugin.plugin_fields(CrispConfig(), 32, 8, 128, chunked=True, return_lse=True)
-    assert [n for n, _, _ in optional] == names + ["chunked", "return_lse"]
+    required = [n for n in CrispConfig().to_dict() if n not in contract.OPTIONAL]  # spike came later: optional
+    assert names == required + ["num_heads", "num_kv_heads", "head_dim"]
+    optional = plugin.plugin_fields(CrispConfig(spike=0.01), 32, 8, 128, chunked=True, return_lse=True)
+    assert [n for n, _, _ in optional] == names + ["chunked", "return_lse", "spike"]
     assert [n for n, _, _ in optional] == [n for n, _ in contract.FIELDS]
-    assert all(v.tolist() == [1] and k == "INT32" for _, v, k in optional[-2:])
+    assert all(v.tolist() == [1] and k == "INT32" for _, v, k in optional[-3:-1])
+    assert optional[-1][2] == "FLOAT32" and optional[-1][1].tolist() == [np.float32(0.01)]
     assert [n for n, _, _ in plugin.plugin_fields(CrispConfig(), 32, 8, 128, return_lse=True)][-1] == "return_lse"
     kinds = {name: kind for name, _, kind in fields}
     assert kinds["kappa"] == "FLOAT32" and kinds["routing"] == "CHAR" and kinds["block_size"] == "INT32"
@@ -162,7 +164,7 @@ def test_field_collection_maps_types():
     fc = plugin.field_collection(CrispConfig(), 9, 3, 64, trt=fake)
     assert [(n, k) for n, _, k in fc][:5] == [("block_size", "i"), ("last_q", "i"), ("sink_tokens", "i"),
                                               ("local_blocks", "i"), ("kappa", "f")]
-    assert dict((n, k) for n, _, k in fc)["routing"] == "c" and len(fc) == len(CrispConfig().to_dict()) + 3
+    assert dict((n, k) for n, _, k in fc)["routing"] == "c" and len(fc) == contract.REQUIRED_FIELDS
 
 
 # --- native: the library through the lean runtime's registry ---------------------------------------------
@@ -178,8 +180,8 @@ def test_schema_matches_python(built, lean_runtime):
     run = _check(built, lean_runtime, "fields")
     assert run.returncode == 0, run.stdout + run.stderr
     schema = [line.split() for line in run.stdout.splitlines() if not line.startswith("ok ")]
-    assert schema == [[name, kind] for name, _, kind in plugin.plugin_fields(CrispConfig(), 32, 8, 128, chunked=True,
-                                                                              return_lse=True)]
+    assert schema == [[name, kind] for name, _, kind in plugin.plugin_fields(CrispConfig(spike=0.01), 32, 8, 128,
+                                                                              chunked=True, return_lse=True)]
 
 
 def test_create_clone_roundtrip_build_queries_malformed(built, lean_runtime):
@@ -198,6 +200,7 @@ CONFIGS = [
                  max_budget=64, dense_below=0, floor_samples=16, gamma=1.0), (1, 1, 256), {}),
     (CrispConfig(), (32, 8, 128), {"chunked": True, "return_lse": True}),
     (method_config("crisp_jsd"), (9, 3, 64), {"return_lse": True}),
+    (CrispConfig(spike=0.01), (14, 2, 64), {}),
 ]
 
 
@@ -212,10 +215,13 @@ def test_python_fields_roundtrip_exactly(built, lean_runtime, tmp_path, config, 
 
 
 def test_first_plugins_fields_make_the_same_plugin(built, lean_runtime, tmp_path):
-    """A field set from before the optional fields (18 fields) and one with chunked = return_lse = 0 create the
-    same plugin: both serialise as the 18 fields, with the same workspace."""
+    """A field set from before the optional fields (18 fields) and one with every optional field at its default
+    (chunked = return_lse = 0, spike = 0.0) create the same plugin: both serialise as the 18 fields, with the same
+    workspace."""
     old = _serialised(plugin.plugin_fields(CrispConfig(), 32, 8, 128))
-    zeros = old + "".join(f"{n} INT32 {np.array([v], np.int32).tobytes().hex()}\n" for n, v in contract.OPTIONAL.items())
+    kinds = dict(contract.FIELDS)
+    zeros = old + "".join(f"{n} {kinds[n]} {np.array([v], np.float32 if kinds[n] == 'FLOAT32' else np.int32).tobytes().hex()}\n"
+                          for n, v in contract.OPTIONAL.items())
     outputs = []
     for text in (old, zeros):
         (tmp_path / "fields").write_text(text)

@@ -288,3 +288,52 @@ def test_pool_blocks_of_a_chunk():
     for i, (a, b) in enumerate([(100, 128), (128, 192), (192, 256), (256, 300)]):
         assert torch.allclose(got[i], q[a:b].mean(0), atol=1e-6)
     assert torch.equal(R.pool_blocks(q, 64, first=0), R.pool_blocks(q, 64))
+
+
+# --- spikes: select's per-row far-block detector (CrispConfig.spike) ---------------------------------------------
+
+def test_spike_mass_is_each_rows_largest_share():
+    """spike_mass[h, qb, kb] = max over the rows i of block qb of softmax_j≤qb(q_i · k̄_j / sqrt(d))[kb], kb < qb."""
+    q, k, _ = _rand(300, seed=5)
+    block = 64
+    got = R.spike_mass(q, k, block, rows_per_step=70)  # steps that cut across blocks
+    pk = R._expand_kv(R.pool_blocks(k, block), 4)
+    for h, qb in ((0, 4), (3, 2), (1, 0)):
+        rows = q[qb * block: (qb + 1) * block, h]
+        share = torch.softmax(rows @ pk[: qb + 1, h].T / math.sqrt(32), -1).amax(0)
+        assert torch.allclose(got[h, qb, :qb], share[:qb], atol=1e-6)
+        assert not got[h, qb, qb:].any()
+
+
+def test_spike_finds_a_far_block_the_last_window_misses():
+    """One row putting most of its attention on a far block: the last-window plan misses the block, spike adds
+    it (and only adds), and that row's error falls."""
+    q, k, v = (t[0] for t in synthetic_qkv(1024, 2, 1, 64, seed=3))
+    row, far, block = 700, 2, 64
+    q[row, 0] = 6 * k[far * block:(far + 1) * block, 0].mean(0) / k[far * block:(far + 1) * block, 0].mean(0).norm()
+    cfg = CrispConfig(block_size=block, dense_below=0, kappa=1e6, coverage=0.0, min_budget=0, tau=0.0)
+    _, plain = R.plan(q, k, cfg)
+    _, spiked = R.plan(q, k, cfg.replace(spike=0.05))
+    assert not plain[0, row // block, far] and spiked[0, row // block, far]
+    assert bool((spiked | ~plain).all()), "spike only adds blocks"
+    dense = R.dense_attention(q, k, v)[row]
+    err = [_rel(R.attend(q, k, v, m, block, row)[0], dense) for m in (plain, spiked)]
+    assert err[1] < 0.5 * err[0]
+
+
+def test_add_spikes_keeps_the_lowest_new_blocks_up_to_max_blocks():
+    masks = torch.zeros(1, 1, 8, dtype=torch.bool)
+    masks[0, 0, 1] = True
+    extra = torch.ones(1, 1, 8, dtype=torch.bool)
+    out = R.add_spikes(masks, extra, 3)
+    assert out[0, 0].tolist() == [True, True, True, True, False, False, False, False]
+
+
+def test_spike_off_is_the_plain_plan_and_bad_values_are_rejected():
+    q, k, _ = _rand(400, seed=6)
+    cfg = CrispConfig(block_size=64, dense_below=0)
+    assert torch.equal(R.plan(q, k, cfg)[1], R.plan(q, k, cfg.replace(spike=0.0))[1])
+    assert not R.spikes(q, k, cfg).any()
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises((ValueError, TypeError), match="spike"):
+            CrispConfig(spike=bad)

@@ -43,18 +43,19 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
-from . import attend, contract, estimate, launch, poison, pool, route, select
+from . import attend, contract, estimate, launch, poison, pool, route, select, spike
 
 KERNELS = {launch.name(fn): fn for fn in (
     estimate.estimate_partial_kernel, estimate.estimate_mass_kernel, estimate.slash_reduce_kernel,
-    pool.pool_kernel, route.route_kernel, route.route_jsd_kernel, select.select_kernel, attend.attend_kernel,
+    pool.pool_kernel, route.route_kernel, route.route_jsd_kernel, spike.spike_kernel, select.select_kernel,
+    attend.attend_kernel,
     poison.poison_scan_kernel, poison.poison_apply_kernel)}
 DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128, 256)
 AXES = {"BLOCK": (64, 128), "L": (16, 32, 64, 128), "C": tuple(16 << i for i in range(7)), "FLOOR": (False, True),
         "MIN_TOP": (False, True)}  # flags are bools, as the torch launcher passes them
 ELEMENT = {"q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "o_ptr": "T",
-           "keep_c_ptr": "i8", "keep_o_ptr": "i8", "keep_d_ptr": "i8",
+           "keep_c_ptr": "i8", "keep_o_ptr": "i8", "keep_d_ptr": "i8", "spk_ptr": "i8",
            "cu_ptr": "i32", "cu_k_ptr": "i32", "idx_ptr": "i32", "cnt_ptr": "i32", "dense_ptr": "i32", "cols_ptr": "i32",
            "ncols_ptr": "i32", "dists_ptr": "i32", "ndists_ptr": "i32", "route_ptr": "i32", "counts_ptr": "i32",
            "flag_ptr": "i32"}  # every other pointer: fp32

@@ -34,14 +34,21 @@ CONSTANTS = {
 # The plugin's fields, in order: CrispConfig's, the head counts, then the OPTIONAL ones (name, type: INT32 / FLOAT32
 # / CHAR). A field set without the optional fields (the 18 of the first plugin) means their defaults, and a plugin
 # serialises an optional field only when it differs from its default, so such a set round-trips byte for byte.
+# CrispConfig fields added after the first plugin are optional ones (their CrispConfig default).
 OPTIONAL = {
     "chunked": 0,  # 1: a fifth input cu_seqlens_k (k, v hold the sequences' keys; q their last q_len positions)
     "return_lse": 0,  # 1: a second output, the LSE [tokens, num_heads] f32
+    "spike": CrispConfig().spike,  # CrispConfig.spike: select's per-row far-block detector (0: off)
 }
-FIELDS = tuple((f, "CHAR" if isinstance(v, str) else "FLOAT32" if isinstance(v, float) else "INT32")
-               for f, v in CrispConfig().to_dict().items()) + (
+
+
+def _kind(value) -> str:
+    return "CHAR" if isinstance(value, str) else "FLOAT32" if isinstance(value, float) else "INT32"
+
+
+FIELDS = tuple((f, _kind(v)) for f, v in CrispConfig().to_dict().items() if f not in OPTIONAL) + (
     ("num_heads", "INT32"), ("num_kv_heads", "INT32"), ("head_dim", "INT32")) + tuple(
-    (f, "INT32") for f in OPTIONAL)
+    (f, _kind(v)) for f, v in OPTIONAL.items())
 REQUIRED_FIELDS = len(FIELDS) - len(OPTIONAL)
 assert all(isinstance(v, (int, float)) for v in OPTIONAL.values())  # 4-byte values: the plugin compares them so
 
@@ -65,6 +72,7 @@ CHECKS = (
     ("budget", "budget in ('floor', 'cumulative')", '"floor" or "cumulative"'),
     ("gamma", "isfinite(gamma) and 0 < gamma <= 1", "a number in (0, 1]"),
     ("floor_samples", "floor_samples in (16, 32, 64, 128)", "16, 32, 64 or 128"),
+    ("spike", "isfinite(spike) and 0 <= spike < 1", "a number in [0, 1) (0: off)"),
     ("num_heads", "1 <= num_heads <= 1024", "an int in [1, 1024]"),
     ("num_kv_heads", "1 <= num_kv_heads <= num_heads and num_heads % num_kv_heads == 0",
      "an int in [1, num_heads] that divides num_heads"),
@@ -91,7 +99,8 @@ SIZES = {
     "maxc": "max(1, min(nb, sink_blocks + max_blocks))",  # column list capacity
     "maxd": "max(1, min(nb, 2 * (local_blocks + max_blocks)))",  # distance list capacity
     "maxk": "max(1, min(nb, max(sink_blocks + max_blocks + 2 * (max_blocks + local_blocks), "
-            "sink_blocks + local_blocks + max_blocks)))",  # attend's key-block list (CrispConfig.max_list)
+            "sink_blocks + local_blocks + max_blocks) + (max_blocks if spike > 0 else 0)))",
+    # attend's key-block list (CrispConfig.max_list)
     "route_chunk": "min(ROUTE_CHUNK_MAX, pow2(nb))",  # route's chunk C, a variant axis of its cubins
 }
 
@@ -120,6 +129,7 @@ BUFFERS = (
     ("c_struct", ("S", "H"), "float32", False),
     ("dense", ("S",), "int32", False),
     ("scratch", ("S", "H", "nb", "nb"), "float32", False),  # select's block-sparse rows: dominates
+    ("spikes", ("S", "H", "nb if spike > 0 else 1", "nb if spike > 0 else 1"), "int8", False),  # spike → select
     ("idx", ("S", "H", "nb", "maxk"), "int32", False),
 )
 ITEMSIZE = {"float32": 4, "int32": 4, "int8": 1}
@@ -132,6 +142,7 @@ LAUNCHES = (
     ("pool", ("nb", "H + HK", "S"), "True"),
     ("route", ("H", "S", "1"), "True"),
     ("route_jsd", ("H", "S", "1"), "routing == 'jsd'"),
+    ("spike", ("nb", "H", "S"), "spike > 0"),
     ("select", ("cdiv(nb, QG)", "H", "S"), "True"),
     ("attend", ("nb", "H", "S"), "True"),
     ("poison_scan", ("cdiv(max(max(total * H, total_k * HK) * D, 1), ELEMS)", "3", "1"), "True"),
@@ -147,12 +158,12 @@ BUFFER_POINTERS = {
     "smax_ptr": "smax", "s_ptr": "s_mass", "pq_ptr": "pooled_q", "pk_ptr": "pooled_k", "keep_c_ptr": "columns",
     "keep_o_ptr": "offsets", "keep_d_ptr": "distances", "cols_ptr": "cols", "ncols_ptr": "ncols",
     "dists_ptr": "dists", "ndists_ptr": "ndists", "cstruct_ptr": "c_struct", "route_ptr": "route",
-    "dense_ptr": "dense", "scratch_ptr": "scratch", "idx_ptr": "idx", "counts_ptr": "counts", "cnt_ptr": "counts",
+    "dense_ptr": "dense", "scratch_ptr": "scratch", "spk_ptr": "spikes", "idx_ptr": "idx", "counts_ptr": "counts", "cnt_ptr": "counts",
     "flag_ptr": "poison"}
 HIDDEN_POINTERS = ("global_scratch", "profile_scratch")  # Triton 3.6's trailing pointer parameters, passed NULL
 # Kernel scalar parameters (f32 or i32) and the variant constexprs a cubin is picked by, by name.
 FLOAT_ARGS = {"sm_scale": "1.0 / sqrt(D)", "kappa": "kappa", "quantile": "floor_quantile", "gamma": "gamma",
-              "tau": "tau", "coverage": "coverage"}
+              "tau": "tau", "coverage": "coverage", "spike": "spike"}
 INT_ARGS = {
     "steps": "kappa_steps", "total": "total", "total_k": "total_k", "write_lse": "return_lse", "seqs": "S", "chunk": "chunk", "dense_below": "max(dense_below, 1)",
     "min_blocks": "min_blocks", "max_blocks": "max_blocks", "H": "H", "G": "fdiv(H, HK)", "HK": "HK", "NB": "nb",

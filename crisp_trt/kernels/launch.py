@@ -35,7 +35,7 @@ SLASH_ROWS = contract.CONSTANTS["RB"]  # offset blocks per slash_reduce program
 SUBTILE = contract.CONSTANTS["SUBTILE"]  # widest [L, W] sub-tile of estimate_mass
 POISON_ELEMS = contract.CONSTANTS["ELEMS"]  # elements per poison program
 ROUTE_CHUNK_MAX = contract.CONSTANTS["ROUTE_CHUNK_MAX"]  # widest route chunk
-WIDE = ("estimate_partial", "estimate_mass", "attend")  # 8 warps when BLOCK·D > 64·128
+WIDE = ("estimate_partial", "estimate_mass", "spike", "attend")  # 8 warps when BLOCK·D > 64·128
 
 
 def kernel(fn):

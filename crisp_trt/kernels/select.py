@@ -9,6 +9,8 @@ and a chunk's rows are those of the query blocks it touches, (kv_len − q_len) 
                        and the candidates bisect.thresholds keeps (sampled noise floor, or cumulative
                        coverage) are listed in ascending order (reference.block_sparse_row);
   dense route          nothing: attend reads the sequence's dense flag.
+Then (spike > 0) each listed row appends the blocks spike.py flagged that it does not hold yet, lowest first, at
+most max_blocks of them (reference.add_spikes).
 Lists need not be sorted (attend's online softmax does not care) but never hold a block twice.
 """
 from __future__ import annotations
@@ -46,19 +48,36 @@ def _append(src_ptr, src_base, n_ptr, head, idx_ptr, row, qb, row_ok, count, kee
 
 
 @triton.jit
-def _vertical_slash_rows(keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, idx_ptr, counts_ptr, head, row,
-                         qb, row_ok, NB, MAXK, MAXC, MAXD, KC: tl.constexpr):
+def _vertical_slash_rows(keep_c_ptr, keep_d_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, spk_ptr, idx_ptr,
+                         counts_ptr, head, row, qb, row_ok, spike, max_blocks, NB, MAXK, MAXC, MAXD, KC: tl.constexpr):
     count = tl.zeros_like(qb)
     count = _append(cols_ptr, head.to(tl.int64) * MAXC, ncols_ptr, head, idx_ptr, row, qb, row_ok, count,
                     keep_c_ptr, head.to(tl.int64) * NB, MAXK, False, KC)
     count = _append(dists_ptr, head.to(tl.int64) * MAXD, ndists_ptr, head, idx_ptr, row, qb, row_ok, count,
                     keep_c_ptr, head.to(tl.int64) * NB, MAXK, True, KC)
+    if spike > 0:  # the spikes that are neither a kept column nor on a kept diagonal
+        top = tl.max(tl.where(row_ok, qb, 0), 0)
+        taken = tl.zeros_like(qb)
+        kb0 = 0
+        while kb0 < top:
+            kb = kb0 + tl.arange(0, KC)[None, :]
+            ok = (kb < qb[:, None]) & row_ok[:, None]
+            new = ok & (tl.load(spk_ptr + row[:, None] * NB + kb, mask=ok, other=0) != 0)
+            new = new & (tl.load(keep_c_ptr + head.to(tl.int64) * NB + kb, mask=new, other=1) == 0)
+            new = new & (tl.load(keep_d_ptr + head.to(tl.int64) * NB + qb[:, None] - kb, mask=new, other=1) == 0)
+            flag = new & ((tl.cumsum(new.to(tl.int32), 1) + taken[:, None]) <= max_blocks)
+            pos = count[:, None] + tl.cumsum(flag.to(tl.int32), 1) - 1
+            tl.store(idx_ptr + row[:, None] * MAXK + pos, kb + 0 * pos, mask=flag)
+            taken += tl.sum(new.to(tl.int32), 1)
+            count += tl.sum(flag.to(tl.int32), 1)
+            kb0 += KC
     tl.store(counts_ptr + row, count, mask=row_ok)
 
 
 @triton.jit
-def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, qb0, row_ok, nb, sm_scale,
-                       kappa, quantile, gamma, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL, SAMPLES,
+def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, s, h, row, qb, qb0, row_ok, nb,
+                       sm_scale, kappa, quantile, gamma, spike, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL,
+                       SAMPLES,
                        D: tl.constexpr, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, QG: tl.constexpr,
                        C: tl.constexpr):
     HK = H // G
@@ -107,26 +126,31 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, r
                              cand_m, tl.minimum(cand_m, SAMPLES), none, one, 1.0, kappa, quantile, gamma,
                              min_blocks, max_blocks, FLOOR, MIN_TOP, C)
     taken = tl.zeros([QG], tl.int32)
+    spiked = tl.zeros([QG], tl.int32)
     count = tl.zeros([QG], tl.int32)
     kb0 = 0
-    while kb0 < top:  # list: sink, kept candidates (at most max_blocks, ascending), local
+    while kb0 < top:  # list: sink, kept candidates (at most max_blocks, ascending), local, then the spikes
         kb = kb0 + tl.arange(0, C)[None, :]
         ok = (kb < qb[:, None]) & row_ok[:, None]
         p = tl.load(scratch_ptr + base[:, None] + kb, mask=ok, other=0.0)
         cand = ok & (kb >= lo[:, None]) & (kb < hi[:, None]) & keep_rule(p, p, gt, ge, cap)
         within = (tl.cumsum(cand.to(tl.int32), 1) + taken[:, None]) <= max_blocks
         flag = ok & ((kb < lo[:, None]) | (kb >= hi[:, None]) | (cand & within))
+        new = ok & ~flag & (tl.load(spk_ptr + row[:, None] * NB + kb, mask=ok & (spike > 0), other=0) != 0)
+        flag = flag | (new & ((tl.cumsum(new.to(tl.int32), 1) + spiked[:, None]) <= max_blocks))
         pos = count[:, None] + tl.cumsum(flag.to(tl.int32), 1) - 1
         tl.store(idx_ptr + row[:, None] * MAXK + pos, kb + 0 * pos, mask=flag)
         taken += tl.sum(cand.to(tl.int32), 1)
+        spiked += tl.sum(new.to(tl.int32), 1)
         count += tl.sum(flag.to(tl.int32), 1)
         kb0 += C
     tl.store(counts_ptr + row, count, mask=row_ok)
 
 
 @kernel
-def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, pq_ptr,
-                  pk_ptr, scratch_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, min_blocks, max_blocks,
+def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr,
+                  pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, spike,
+                  min_blocks, max_blocks,
                   total, total_k, H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr,
                   FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
     g = tl.program_id(0)
@@ -143,9 +167,10 @@ def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, cols_ptr, ncols_ptr, 
     row_ok = (qb < nb) & (qb >= qb0)
     row = head.to(tl.int64) * NB + qb
     if route == 1:
-        _vertical_slash_rows(keep_c_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, idx_ptr, counts_ptr, head, row,
-                             qb, row_ok, NB, MAXK, MAXC, MAXD, KC)
+        _vertical_slash_rows(keep_c_ptr, keep_d_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, spk_ptr, idx_ptr,
+                             counts_ptr, head, row, qb, row_ok, spike, max_blocks, NB, MAXK, MAXC, MAXD, KC)
     if route == 2:
-        _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, idx_ptr, counts_ptr, s, h, row, qb, qb0, row_ok, nb, sm_scale,
-                           kappa, quantile, gamma, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL, SAMPLES, D,
+        _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, s, h, row, qb, qb0, row_ok, nb,
+                           sm_scale, kappa, quantile, gamma, spike, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL,
+                           SAMPLES, D,
                            FLOOR, MIN_TOP and not FLOOR, QG, KC)  # the floor budget has no min top-k here

@@ -6,7 +6,7 @@ CRISP's default keeps ~0.8 of the blocks of Qwen at 16k at 4–5× the error of 
 (session 13/14). Here every config of a fixed grid (CRISP's knobs, block-sparse routing for every head,
 cumulative budgets, FlexPrefill-mode) and two selections no config expresses — the default plan plus, per query
 block, the `m` key blocks with the highest pooled q·k score ("+pooled m"), or the blocks some row of it would
-give more than t of its mass against the blocks' mean keys ("<config>+rowmax<t>") — is scored on the same rows: whole
+give more than t of its mass against the blocks' mean keys ("<config>+rowmax<t>": CrispConfig.spike = t) — is scored on the same rows: whole
 query blocks spread over the sequence (bench.recall.oracle_positions "spread"), output error vs dense (fp32,
 squared errors pooled over heads and layers) and density (attended / causal keys), beside the block oracle
 at each one's own per-row counts. Use calibration captures only (the default must not be tuned on evaluation
@@ -59,26 +59,6 @@ def pooled_top(q: torch.Tensor, k: torch.Tensor, block: int, m: int) -> torch.Te
     return out & earlier
 
 
-def rowmax_mass(q: torch.Tensor, k: torch.Tensor, block: int, chunk: int = 2048) -> torch.Tensor:
-    """f32 [H, nb, nb]: per head, query block and earlier key block, the most mass any row of the query block
-    would give the key block, estimated per row as a softmax of q_i · k̄ · scale over the key blocks' mean keys
-    k̄ (the row's own diagonal block included with its whole mean, future keys too: a cheap, slightly
-    diagonal-heavy denominator); 0 on and above the diagonal. "+rowmax t" adds the blocks above t: the
-    query-dependent references a last-window estimate cannot see, at ~1/block of dense attention's cost."""
-    n, heads, d = q.shape
-    pk = reference._expand_kv(reference.pool_blocks(k.float(), block), heads)  # [nb, H, d]
-    nb = pk.shape[0]
-    out = torch.zeros(heads, nb, nb)
-    kb = torch.arange(nb)
-    for lo in range(0, n, chunk):
-        rows = torch.arange(lo, min(n, lo + chunk))
-        logits = torch.einsum("rhd,khd->hrk", q[rows].float(), pk) / math.sqrt(d)
-        logits = logits.masked_fill(kb[None, None] > (rows // block)[None, :, None], float("-inf"))
-        p = torch.softmax(logits, -1) * (kb[None, None] < (rows // block)[None, :, None])
-        out.index_reduce_(1, rows // block, p, "amax")
-    return out
-
-
 def layer_rows(q, k, v, masks_by_name: dict) -> list[dict]:
     """Per head and selection: squared error, density and the same-count block oracle's squared error."""
     n, heads, _ = q.shape
@@ -103,11 +83,12 @@ def masks_of(q, k, names) -> dict:
         if f"+pooled{m}" in names:
             masks[f"+pooled{m}"] = masks["default"] | pooled_top(q, k, block, m)
     if any("+rowmax" in name for name in names):
-        spikes = rowmax_mass(q, k, block)
+        spikes = reference.spike_mass(q, k, block)  # CrispConfig.spike's detector
         for base in ROWMAX_ON:
             for t in ROWMAX_EXTRA:
                 if f"{base}+rowmax{t}" in names:
-                    masks[f"{base}+rowmax{t}"] = masks[base] | (spikes > t)
+                    masks[f"{base}+rowmax{t}"] = reference.add_spikes(masks[base], spikes > t,
+                                                                      CONFIGS[base].max_blocks)
     return masks
 
 
