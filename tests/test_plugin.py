@@ -391,12 +391,15 @@ GPU_CASES = [  # (id, sequence lengths, heads, kv heads, head_dim, dtype, config
     ("flexprefill-8k", [8192], 32, 8, 128, "bfloat16", method_config("flexprefill")),
     ("jsd-gamma-9-3", [6000, 2000], 9, 3, 64, "bfloat16", method_config("crisp_jsd").replace(budget="cumulative")),
     ("dense-8k", [8192], 32, 8, 128, "bfloat16", CrispConfig(dense_below=1 << 30)),
+    ("spike-16k-14-2", [16384, 3000], 14, 2, 64, "bfloat16", SPARSE.replace(spike=0.01)),
+    ("spike-block-sparse", [8192], 32, 8, 128, "float16", SPARSE.replace(spike=0.02, tau=1.5)),
 ]
 CHUNK_GPU_CASES = [  # (id, kv lengths, query lengths: each sequence's last positions, heads, kv heads, d, dtype, config)
     ("128k-chunk-8k", [131072], [8192], 32, 8, 128, "bfloat16", SPARSE),
     ("varlen-chunks", [9000, 4096, 3000, 700], [1000, 4096, 37, 700], 32, 8, 128, "float16", SPARSE),
     ("chunks-9-3-d64-jsd", [6000, 2000], [129, 2000], 9, 3, 64, "bfloat16",
      method_config("crisp_jsd").replace(block_size=64)),
+    ("spike-chunks", [9000, 3000], [1000, 3000], 14, 2, 64, "bfloat16", SPARSE.replace(spike=0.01)),
 ]
 
 

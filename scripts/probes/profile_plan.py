@@ -2,6 +2,7 @@
 
     python3 scripts/probes/profile_plan.py [n ...]     # default 131072; Llama-3-8B shape, synthetic, bf16
     SHAPE=smollm2 python3 scripts/probes/profile_plan.py 8192   # SmolLM2's 9 / 3 heads, d = 64
+    SPIKE=0.01 SHAPE=qwen python3 scripts/probes/profile_plan.py 16384 32768   # with select's spike stage
 
 Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json.
 """
@@ -23,6 +24,7 @@ from crisp_trt.workloads.synthetic import synthetic_qkv
 SHAPE = os.environ.get("SHAPE", "llama3_8b")
 H, HKV, D = SHAPES[SHAPE]
 RUNS = 5
+CONFIG = CrispConfig(spike=float(os.environ.get("SPIKE", "0")))  # SPIKE=0.01: with select's spike stage
 
 
 def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float]]:
@@ -58,9 +60,10 @@ def main() -> None:
     out = os.environ.get("OUT", "/tmp/crisp_profile")
     os.makedirs(out, exist_ok=True)
     for n in lengths:
-        wall, times = kernel_times(n, CrispConfig())
-        with open(os.path.join(out, f"profile_{SHAPE}_{n}.json"), "w") as f:
-            json.dump({"n": n, "shape": SHAPE, "device": torch.cuda.get_device_name(), "wall_ms": wall,
+        wall, times = kernel_times(n, CONFIG)
+        with open(os.path.join(out, f"profile_{SHAPE}_{n}{'_spike' if CONFIG.spike else ''}.json"), "w") as f:
+            json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "device": torch.cuda.get_device_name(),
+                       "wall_ms": wall,
                        "ms": times}, f, indent=1)
         total = sum(times.values())
         print(f"{SHAPE} n={n}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
