@@ -46,6 +46,8 @@ CANDIDATES = {  # fixed before any run; chosen between on calibration text only
     "cov0.95_b8k": CrispConfig(coverage=0.95, max_budget=8192),
     "cov0.95_b4k": CrispConfig(coverage=0.95, max_budget=4096),
     "cov0.9_b4k": CrispConfig(coverage=0.9, max_budget=4096),
+    "spike0.01": CrispConfig(spike=0.01),  # session 15's CPU frontier: a quarter of the default's error
+    "cov0.99_spike0.01": CrispConfig(coverage=0.99, spike=0.01),  # ... or its error at 21 % fewer blocks (code)
 }
 
 
