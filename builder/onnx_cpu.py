@@ -20,6 +20,7 @@ import torch
 from crisp_trt import plugin
 from crisp_trt.api import crisp_prefill_attention
 from crisp_trt.config import CrispConfig
+from crisp_trt.kernels import contract
 
 from .checkpoint import BuildError
 
@@ -73,6 +74,12 @@ def session(path: str | Path, threads: int | None = None):
     if proto.graph.node and not any(n.op_type == plugin.NAME for n in proto.graph.node):
         raise BuildError(f"{path}: no {plugin.NAME} node in the graph")
     for node in proto.graph.node:
+        if node.op_type == plugin.NAME:  # onnxruntime-extensions drops undeclared attributes: refuse, not ignore
+            given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            unbound = sorted(set(given) & set(contract.OPTIONAL))
+            if unbound:
+                raise BuildError(f"{path}: node {node.name!r} sets {', '.join(f'{n}={given[n]}' for n in unbound)}: "
+                                 f"the CPU session binds the first plugin's fields only; expected them absent")
         if node.domain == plugin.ONNX_DOMAIN:
             node.domain = domain
     for opset in proto.opset_import:

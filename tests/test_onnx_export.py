@@ -203,3 +203,17 @@ def test_qwen_graph_equals_transformers(tmp_path_factory):
     assert hf.CALLS["crisp"] - before == 24
     print(f"Qwen 2048 tokens: max |logit diff| {worst['logits']:.2e}, max |K/V diff| {worst['kv']:.2e}")
     assert np.isfinite(outputs["logits"]).all()
+
+
+@pytest.mark.parametrize("attr,value", [("return_lse", 1), ("chunked", 1), ("spike", 0.01)])
+def test_cpu_session_refuses_optional_fields(tmp_path, attr, value):
+    """onnxruntime-extensions would drop an attribute its PyOp does not declare (a spike config would run as
+    spike 0): a node with an optional plugin field is named, not run."""
+    onnx_cpu = _ort()
+    path = onnx_export.export(_tiny("llama", layers=1), tmp_path / "m.onnx", [CrispConfig(block_size=64)])
+    proto = onnx.load(str(path), load_external_data=False)
+    next(n for n in proto.graph.node if n.op_type == plugin.NAME).attribute.append(
+        onnx.helper.make_attribute(attr, value))
+    onnx.save(proto, str(path))
+    with pytest.raises(BuildError, match=f"sets {attr}="):
+        onnx_cpu.session(path)
