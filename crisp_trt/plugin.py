@@ -123,8 +123,10 @@ def config_of_attributes(attrs: dict) -> tuple[CrispConfig, int, int, int]:
 
 
 def options_of_attributes(attrs: dict) -> dict:
-    """The optional fields of onnx_attributes' output: {"chunked": bool, "return_lse": bool} (absent = off)."""
-    return {name: bool(int(attrs.get(name, 0))) for name in ("chunked", "return_lse")}
+    """The optional fields of onnx_attributes' output that are not CrispConfig's: {"chunked": bool, "return_lse":
+    bool} (absent = off)."""
+    config = {f.name for f in dataclasses.fields(CrispConfig)}
+    return {name: bool(int(attrs.get(name, 0))) for name in contract.OPTIONAL if name not in config}
 
 
 def field_collection(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int, trt=None, *,

@@ -158,8 +158,8 @@ BUFFER_POINTERS = {
     "smax_ptr": "smax", "s_ptr": "s_mass", "pq_ptr": "pooled_q", "pk_ptr": "pooled_k", "keep_c_ptr": "columns",
     "keep_o_ptr": "offsets", "keep_d_ptr": "distances", "cols_ptr": "cols", "ncols_ptr": "ncols",
     "dists_ptr": "dists", "ndists_ptr": "ndists", "cstruct_ptr": "c_struct", "route_ptr": "route",
-    "dense_ptr": "dense", "scratch_ptr": "scratch", "spk_ptr": "spikes", "idx_ptr": "idx", "counts_ptr": "counts", "cnt_ptr": "counts",
-    "flag_ptr": "poison"}
+    "dense_ptr": "dense", "scratch_ptr": "scratch", "spk_ptr": "spikes", "idx_ptr": "idx", "counts_ptr": "counts",
+    "cnt_ptr": "counts", "flag_ptr": "poison"}
 HIDDEN_POINTERS = ("global_scratch", "profile_scratch")  # Triton 3.6's trailing pointer parameters, passed NULL
 # Kernel scalar parameters (f32 or i32) and the variant constexprs a cubin is picked by, by name.
 FLOAT_ARGS = {"sm_scale": "1.0 / sqrt(D)", "kappa": "kappa", "quantile": "floor_quantile", "gamma": "gamma",

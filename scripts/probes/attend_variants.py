@@ -29,7 +29,7 @@ from crisp_trt.lengths import parse_length
 SOURCE = Path(__file__).resolve().parents[2] / "crisp_trt/kernels/attend.py"
 IMPORTS = [("from .bounds import", "from crisp_trt.kernels.bounds import"),
            ("from .launch import", "from crisp_trt.kernels.launch import")]
-REVERSE = [("    qb = NQB - 1 - tl.program_id(0)", "    qb = tl.program_id(0)")]  # the shipped order is reversed
+FORWARD = [("    qb = NQB - 1 - tl.program_id(0)", "    qb = tl.program_id(0)")]  # the shipped order is reversed
 HALVES = [("""    rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
     k_pos = kb * BLOCK + rows
@@ -50,10 +50,10 @@ VARIANTS = {  # name: (substitutions, num_warps, num_stages); "base" is the ship
     "w4s4": ([], 4, 4),
     "w8s2": ([], 8, 2),
     "w8s3": ([], 8, 3),
-    "reverse": (REVERSE, None, None),
-    "reverse_w4s3": (REVERSE, 4, 3),
+    "forward": (FORWARD, None, None),
+    "forward_w4s3": (FORWARD, 4, 3),
     "halves_w4s3": (HALVES, 4, 3),
-    "halves_reverse_w4s3": (HALVES + REVERSE, 4, 3),
+    "halves_forward_w4s3": (HALVES + FORWARD, 4, 3),
     "halves_w8s3": (HALVES, 8, 3),
     "ws_w4s2": (WS, 4, 2),
 }
