@@ -246,3 +246,20 @@ def test_bench_cli_real_and_needles(tiny, texts, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["op", "--workloads", "real", "--layers", "first", "--lengths", "256"])
     assert "--layers 'first'" in capsys.readouterr().err
+
+
+def test_pick_holds_candidates_to_the_incumbent_where_it_misses_the_bar():
+    from crisp_trt.bench import defaults
+
+    def row(n, method, speedup, dppl, kl):
+        return dict(n=n, source="code_calib", method=method, speedup=speedup, dppl=dppl, kl=kl)
+
+    rows = [row(16, "dense", 1.0, 0.0, 0.0), row(16, "default", 1.0, 0.001, 0.005), row(16, "fast", 2.0, 0.002, 0.008),
+            row(16, "faster", 3.0, 0.004, 0.008), row(128, "dense", 1.0, 0.0, 0.0),
+            row(128, "default", 2.0, 0.01, 0.20), row(128, "fast", 3.0, 0.009, 0.19),
+            row(128, "faster", 4.0, 0.001, 0.01)]
+    got = defaults.pick(rows)
+    assert got["name"] == "fast" and got["incumbent"] == "default"   # "faster" misses dppl at 16, where default meets it
+    rows[6] = row(128, "fast", 3.0, 0.009, 0.21)                       # now less accurate than the default at 128
+    assert defaults.pick(rows)["name"] == "default"
+    assert defaults.pick(rows, incumbent=None)["name"] is None          # fixed bars alone: nothing qualifies

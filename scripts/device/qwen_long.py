@@ -226,7 +226,7 @@ def main(argv=None):
     lengths = lambda s: [parse_length(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--lengths", type=lengths, default=lengths("16k,32k,64k,128k"))
     p.add_argument("--docs-lengths", type=lengths, default=lengths("32k,128k"), help="op: lengths on the docs corpus")
-    p.add_argument("--tune-lengths", type=lengths, default=lengths("32k,128k"))
+    p.add_argument("--tune-lengths", type=lengths, default=lengths("16k,32k,128k"))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--skip", default="", help="acc: methods to leave out, comma-separated")
