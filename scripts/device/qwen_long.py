@@ -201,11 +201,12 @@ def step_plot(args):
     op = json.loads((out_dir() / "op.json").read_text())["rows"]
     e2e = json.loads((out_dir() / "e2e.json").read_text())["rows"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    methods = [m for m in ("crisp", "crisp_tuned", "flexprefill") if any(r["method"] == m for r in op)]
     for wl in sorted({r["workload"] for r in op if r["workload"].endswith("_all")}):
-        for m in ("crisp", "flexprefill"):
+        for m in methods:
             pts = sorted((r["n"], r["speedup_vs_cudnn"]) for r in op if r["workload"] == wl and r["method"] == m)
             ax1.plot(*zip(*pts), marker="o", label=f"{m}, {wl.split('_')[1]} text")
-    for m in ("crisp", "flexprefill"):
+    for m in (m for m in methods if f"speedup_{m}" in e2e[0]):
         ax2.plot([r["length"] for r in e2e], [r[f"speedup_{m}"] for r in e2e], marker="o", label=m)
     for ax, title in ((ax1, "attention, 24 layers summed (× cuDNN)"), (ax2, "whole-model TTFT (× dense)")):
         ax.axhline(1.0, color="grey", lw=0.8)
@@ -214,7 +215,7 @@ def step_plot(args):
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Qwen2.5-Coder-0.5B, default CrispConfig, {op[0]['gpu']}", fontsize=10)
+    fig.suptitle(f"Qwen2.5-Coder-0.5B, default CrispConfig (crisp_tuned: the tune step's pick), {op[0]['gpu']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out_dir() / "qwen_speed.png", dpi=120)
     print(out_dir() / "qwen_speed.png")
