@@ -26,6 +26,7 @@ from .checkpoint import BuildError
 
 INSTALL_HINT = "pip install onnx onnxruntime onnxruntime-extensions (or pip install -e '.[test]')"
 _REGISTERED: list = []
+_IO_OPTIONS = tuple(plugin.options_of_attributes({}))  # chunked, return_lse: other inputs/outputs than the PyOp's
 
 
 def _modules():
@@ -51,11 +52,12 @@ def crisp_node(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarr
 
 
 def _register(ortx) -> str:
-    """Register crisp_node as a PyOp once per process; returns the PyOp domain."""
+    """Register crisp_node as a PyOp once per process (every plugin field but the optional input/output sets
+    declared as an attribute); returns the PyOp domain."""
     if not _REGISTERED:
         d = ortx.PyCustomOpDef
         kinds = {"INT32": d.dt_int64, "FLOAT32": d.dt_float, "CHAR": d.dt_string}
-        attrs = {name: kinds[kind] for name, _, kind in plugin.plugin_fields(CrispConfig(), 1, 1, plugin.HEAD_DIMS[0])}
+        attrs = {name: kinds[kind] for name, kind in contract.FIELDS if name not in _IO_OPTIONS}
         attrs.update(plugin_namespace=d.dt_string, plugin_version=d.dt_string)
         ortx.onnx_op(op_type=plugin.NAME, inputs=[d.dt_float] * 3 + [d.dt_int32], outputs=[d.dt_float],
                      attrs=attrs)(crisp_node)
@@ -74,12 +76,15 @@ def session(path: str | Path, threads: int | None = None):
     if proto.graph.node and not any(n.op_type == plugin.NAME for n in proto.graph.node):
         raise BuildError(f"{path}: no {plugin.NAME} node in the graph")
     for node in proto.graph.node:
-        if node.op_type == plugin.NAME:  # onnxruntime-extensions drops undeclared attributes: refuse, not ignore
+        if node.op_type == plugin.NAME:
             given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            unbound = sorted(set(given) & set(contract.OPTIONAL))
+            unbound = sorted(n for n in _IO_OPTIONS if given.get(n, 0))
             if unbound:
                 raise BuildError(f"{path}: node {node.name!r} sets {', '.join(f'{n}={given[n]}' for n in unbound)}: "
-                                 f"the CPU session binds the first plugin's fields only; expected them absent")
+                                 f"the CPU session runs one packed q/k/v/cu_seqlens → out node; expected them absent")
+            # onnxruntime-extensions needs every declared attribute present: an absent optional field is its default
+            node.attribute.extend(onnx.helper.make_attribute(n, v) for n, v in contract.OPTIONAL.items()
+                                  if n not in given and n not in _IO_OPTIONS)
         if node.domain == plugin.ONNX_DOMAIN:
             node.domain = domain
     for opset in proto.opset_import:

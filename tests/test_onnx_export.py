@@ -205,10 +205,10 @@ def test_qwen_graph_equals_transformers(tmp_path_factory):
     assert np.isfinite(outputs["logits"]).all()
 
 
-@pytest.mark.parametrize("attr,value", [("return_lse", 1), ("chunked", 1), ("spike", 0.01)])
-def test_cpu_session_refuses_optional_fields(tmp_path, attr, value):
-    """onnxruntime-extensions would drop an attribute its PyOp does not declare (a spike config would run as
-    spike 0): a node with an optional plugin field is named, not run."""
+@pytest.mark.parametrize("attr,value", [("return_lse", 1), ("chunked", 1)])
+def test_cpu_session_refuses_other_inputs_and_outputs(tmp_path, attr, value):
+    """A node with the chunked input set or the LSE output is not the PyOp's q/k/v/cu_seqlens → out: named,
+    not run."""
     onnx_cpu = _ort()
     path = onnx_export.export(_tiny("llama", layers=1), tmp_path / "m.onnx", [CrispConfig(block_size=64)])
     proto = onnx.load(str(path), load_external_data=False)
@@ -217,3 +217,24 @@ def test_cpu_session_refuses_optional_fields(tmp_path, attr, value):
     onnx.save(proto, str(path))
     with pytest.raises(BuildError, match=f"sets {attr}="):
         onnx_cpu.session(path)
+
+
+def test_cpu_session_binds_spike(tmp_path):
+    """The spike field reaches the op: a graph exported with spike 0.01 in one layer and absent (off) in the
+    other equals transformers with those configs, and differs from the same model with spike off everywhere
+    (onnxruntime-extensions drops undeclared attributes: a lost spike would show here)."""
+    onnx_cpu = _ort()
+    model = _tiny("llama")
+    base = dict(block_size=64, dense_below=0, min_budget=64, max_budget=256, coverage=0.5)  # sparse enough to differ
+    configs = [CrispConfig(**base, spike=0.0), CrispConfig(**base, spike=0.01)]
+    path = onnx_export.export(model, tmp_path / "m.onnx", configs)
+    spikes = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("spike")
+              for n in onnx.load(str(path), load_external_data=False).graph.node if n.op_type == plugin.NAME]
+    assert spikes == [None, pytest.approx(0.01)]  # off is the absent field
+    ids = torch.randint(0, 320, (1000,), generator=torch.Generator().manual_seed(2))
+    outputs = onnx_cpu.run(onnx_cpu.session(path), ids, [0, 1000])
+    hf.set_crisp_config(model, configs)
+    _compare(model, outputs, ids, [0, 1000], tol=1e-4)
+    hf.set_crisp_config(model, [configs[0]] * 2)
+    off, _ = _hf_reference(model, ids)
+    assert float((torch.from_numpy(outputs["logits"][0]) - off).abs().max()) > 1e-2

@@ -34,11 +34,13 @@ CONSTANTS = {
 # The plugin's fields, in order: CrispConfig's, the head counts, then the OPTIONAL ones (name, type: INT32 / FLOAT32
 # / CHAR). A field set without the optional fields (the 18 of the first plugin) means their defaults, and a plugin
 # serialises an optional field only when it differs from its default, so such a set round-trips byte for byte.
-# CrispConfig fields added after the first plugin are optional ones (their CrispConfig default).
+# CrispConfig fields added after the first plugin are optional ones whose default (absent) is the value that
+# computes what the first plugin computed (off), whatever CrispConfig's default: a field set or engine from before
+# the field existed keeps its meaning.
 OPTIONAL = {
     "chunked": 0,  # 1: a fifth input cu_seqlens_k (k, v hold the sequences' keys; q their last q_len positions)
     "return_lse": 0,  # 1: a second output, the LSE [tokens, num_heads] f32
-    "spike": CrispConfig().spike,  # CrispConfig.spike: select's per-row far-block detector (0: off)
+    "spike": 0.0,  # CrispConfig.spike: select's per-row far-block detector (absent: off)
 }
 
 
