@@ -27,9 +27,9 @@ class CrispConfig:
                    short, kappa halves, at most KAPPA_HALVINGS times — a diffuse head keeps more columns
                    and diagonals instead of losing mass; once reached, the lightest kept columns and
                    diagonals (by mass) go while C_struct stays ≥ coverage (reference.trim_to_coverage);
-                   0 disables both (kappa fixed, no trim). Default 0.999: on real SmolLM2 Q/K/V at 8k
-                   (all 30 layers, every row) it keeps 0.751 of the blocks at 0.62 % error, where the
-                   ladder alone at 0.98 kept 0.844 at 0.81 % (bench/NOTES.md, session 10).
+                   0 disables both (kappa fixed, no trim). Default 0.99, chosen with spike 0.01 by the
+                   model's answers on calibration text (bench.defaults, Qwen 16k–128k: bench/NOTES.md,
+                   session 17).
     floor_quantile quantile of the non-sink, non-local block means that estimates the noise floor.
     tau            routing threshold: "struct" routes vertical-slash iff C_struct ≥ tau;
                    "jsd" routes vertical-slash iff sqrt(JSD) ≥ tau. tau = 0 → every head vertical-slash.
@@ -43,8 +43,9 @@ class CrispConfig:
     spike          also attend, per query block, each earlier key block that some row of the block would give
                    more than this share of its attention, estimated against the blocks' mean keys (at most
                    max_blocks such blocks beyond the route's, lowest first; reference.spikes); 0 turns it off.
-                   It catches query-dependent far references no last-window estimate sees (bench/NOTES.md,
-                   session 15: on real Qwen attention at 16k, +rowmax 0.01 quarters the default's error).
+                   It catches query-dependent far references no last-window estimate sees: with coverage 0.99
+                   it halves the KL to dense of the old default (0.999, no spike) on Qwen at 128k and is
+                   faster below 128k (bench/NOTES.md, sessions 15 and 17).
     """
 
     block_size: int = 128
@@ -52,7 +53,7 @@ class CrispConfig:
     sink_tokens: int = 4
     local_blocks: int = 1
     kappa: float = 8.0
-    coverage: float = 0.999
+    coverage: float = 0.99
     floor_quantile: float = 0.5
     tau: float = 0.5
     min_budget: int = 512
@@ -62,7 +63,7 @@ class CrispConfig:
     budget: str = "floor"
     gamma: float = 0.9
     floor_samples: int = 64
-    spike: float = 0.0
+    spike: float = 0.01
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, expected: str) -> None:

@@ -48,7 +48,7 @@ struct CrispParams
     int32_t sinkTokens{4};
     int32_t localBlocks{1};
     float kappa{8.0F};
-    float coverage{0.999F};
+    float coverage{0.99F};
     float floorQuantile{0.5F};
     float tau{0.5F};
     int32_t minBudget{512};

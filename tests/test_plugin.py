@@ -87,16 +87,17 @@ def _serialised(fields) -> str:
 # --- Python side (always) ------------------------------------------------------------------------------
 
 def test_fields_cover_config_and_heads():
-    fields = plugin.plugin_fields(CrispConfig(), 32, 8, 128)
+    fields = plugin.plugin_fields(CrispConfig(spike=0.0), 32, 8, 128)
     names = [name for name, _, _ in fields]
     required = [n for n in CrispConfig().to_dict() if n not in contract.OPTIONAL]  # spike came later: optional
-    assert names == required + ["num_heads", "num_kv_heads", "head_dim"]
+    assert names == required + ["num_heads", "num_kv_heads", "head_dim"]  # spike off: absent, as before it existed
+    assert [n for n, _, _ in plugin.plugin_fields(CrispConfig(), 32, 8, 128)] == names + ["spike"]  # default 0.01
     optional = plugin.plugin_fields(CrispConfig(spike=0.01), 32, 8, 128, chunked=True, return_lse=True)
     assert [n for n, _, _ in optional] == names + ["chunked", "return_lse", "spike"]
     assert [n for n, _, _ in optional] == [n for n, _ in contract.FIELDS]
     assert all(v.tolist() == [1] and k == "INT32" for _, v, k in optional[-3:-1])
     assert optional[-1][2] == "FLOAT32" and optional[-1][1].tolist() == [np.float32(0.01)]
-    assert [n for n, _, _ in plugin.plugin_fields(CrispConfig(), 32, 8, 128, return_lse=True)][-1] == "return_lse"
+    assert [n for n, _, _ in plugin.plugin_fields(CrispConfig(spike=0.0), 32, 8, 128, return_lse=True)][-1] == "return_lse"
     kinds = {name: kind for name, _, kind in fields}
     assert kinds["kappa"] == "FLOAT32" and kinds["routing"] == "CHAR" and kinds["block_size"] == "INT32"
     values = {name: value for name, value, _ in fields}
@@ -164,7 +165,8 @@ def test_field_collection_maps_types():
     fc = plugin.field_collection(CrispConfig(), 9, 3, 64, trt=fake)
     assert [(n, k) for n, _, k in fc][:5] == [("block_size", "i"), ("last_q", "i"), ("sink_tokens", "i"),
                                               ("local_blocks", "i"), ("kappa", "f")]
-    assert dict((n, k) for n, _, k in fc)["routing"] == "c" and len(fc) == contract.REQUIRED_FIELDS
+    assert dict((n, k) for n, _, k in fc)["routing"] == "c" and len(fc) == contract.REQUIRED_FIELDS + 1
+    assert fc[-1][0] == "spike" and fc[-1][2] == "f"  # the default's spike 0.01: an optional field off its absent 0
 
 
 # --- native: the library through the lean runtime's registry ---------------------------------------------
