@@ -73,7 +73,7 @@ def test_estimate_matches_reference(device, lens, window, block):
         assert torch.allclose(st.pooled_q[s, :m].cpu(), pooled, atol=1e-4)
 
 
-BASE = CrispConfig(block_size=64, dense_below=0, min_budget=128, max_budget=512)
+BASE = CrispConfig(block_size=64, dense_below=0, min_budget=128, max_budget=512, spike=0.0)  # spike: its own cases
 PIPELINE_CONFIGS = {
     "crisp": BASE,
     "crisp_fixed_kappa": BASE.replace(coverage=0.0),  # no kappa ladder
