@@ -152,8 +152,10 @@ class CrispConfig:
 
     @classmethod
     def flexprefill(cls, **changes) -> "CrispConfig":
-        """FlexPrefill-mode baseline: JSD routing, cumulative gamma=0.9, tau=0.1, min budget 1024, B=128."""
-        base = dict(routing="jsd", budget="cumulative", gamma=0.9, tau=0.1, min_budget=1024, block_size=128)
+        """FlexPrefill-mode baseline: JSD routing, cumulative gamma=0.9, tau=0.1, min budget 1024, B=128, no spike
+        stage (FlexPrefill has none)."""
+        base = dict(routing="jsd", budget="cumulative", gamma=0.9, tau=0.1, min_budget=1024, block_size=128,
+                    spike=0.0)
         base.update(changes)
         return cls(**base)
 

@@ -31,6 +31,7 @@ def test_unknown_field_in_dict():
 def test_methods():
     fp = method_config("flexprefill")
     assert (fp.routing, fp.budget, fp.gamma, fp.tau, fp.min_budget, fp.block_size) == ("jsd", "cumulative", 0.9, 0.1, 1024, 128)
+    assert fp.spike == 0.0 and CrispConfig().spike > 0  # the baseline has no spike stage, whatever CRISP's default
     assert method_config("crisp_gamma").budget == "cumulative" and method_config("crisp_jsd").routing == "jsd"
     with pytest.raises(ValueError, match="method"):
         method_config("magic")
