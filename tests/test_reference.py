@@ -246,7 +246,7 @@ def test_chunk_at_kappa_zero_is_dense(offset):
 @pytest.mark.parametrize("offset", [0, 170])
 def test_lse_is_the_masked_logsumexp(offset):
     """attend's LSE is torch.logsumexp of the scaled logits over the planned blocks (and causal), per row/head."""
-    cfg = CHUNK_BASE.replace(tau=1.5, min_budget=0)  # block-sparse heads: a sparse plan at 500 tokens
+    cfg = CHUNK_BASE.replace(tau=1.5, min_budget=0, spike=0.0)  # block-sparse heads: a sparse plan at 500 tokens
     q, k, v = (t[0] for t in synthetic_qkv(500, 4, 2, 64, seed=12))
     chunk = q[offset:]
     _, route, _, _, lse = R.crisp_sequence(chunk, k, v, cfg, return_lse=True)
@@ -311,7 +311,7 @@ def test_spike_finds_a_far_block_the_last_window_misses():
     q, k, v = (t[0] for t in synthetic_qkv(1024, 2, 1, 64, seed=3))
     row, far, block = 700, 2, 64
     q[row, 0] = 6 * k[far * block:(far + 1) * block, 0].mean(0) / k[far * block:(far + 1) * block, 0].mean(0).norm()
-    cfg = CrispConfig(block_size=block, dense_below=0, kappa=1e6, coverage=0.0, min_budget=0, tau=0.0)
+    cfg = CrispConfig(block_size=block, dense_below=0, kappa=1e6, coverage=0.0, min_budget=0, tau=0.0, spike=0.0)
     _, plain = R.plan(q, k, cfg)
     _, spiked = R.plan(q, k, cfg.replace(spike=0.05))
     assert not plain[0, row // block, far] and spiked[0, row // block, far]
@@ -331,9 +331,10 @@ def test_add_spikes_keeps_the_lowest_new_blocks_up_to_max_blocks():
 
 def test_spike_off_is_the_plain_plan_and_bad_values_are_rejected():
     q, k, _ = _rand(400, seed=6)
-    cfg = CrispConfig(block_size=64, dense_below=0)
-    assert torch.equal(R.plan(q, k, cfg)[1], R.plan(q, k, cfg.replace(spike=0.0))[1])
-    assert not R.spikes(q, k, cfg).any()
+    cfg = CrispConfig(block_size=64, dense_below=0, spike=0.0)
+    assert not R.spikes(q, k, cfg).any()  # off: no extra block anywhere
+    plain, spiked = R.plan(q, k, cfg)[1], R.plan(q, k, cfg.replace(spike=CrispConfig().spike))[1]
+    assert bool((spiked | ~plain).all())  # the default's spike only adds to the plain plan
     for bad in (-0.1, 1.0, float("nan")):
         with pytest.raises((ValueError, TypeError), match="spike"):
             CrispConfig(spike=bad)
