@@ -83,8 +83,8 @@ def pick(rows, max_dppl: float = MAX_DPPL, max_kl: float = MAX_KL, incumbent: st
         timed = [r["speedup"] for r in rs if r["speedup"] is not None]
         table[name] = dict(worst_dppl=max(r["dppl"] for r in rs), worst_kl=max(r["kl"] for r in rs),
                            mean_speedup=sum(timed) / max(1, len(timed)))
-        if all(r["dppl"] <= bars.get((r["n"], r["source"]), (max_dppl, max_kl))[0]
-               and r["kl"] <= bars.get((r["n"], r["source"]), (max_dppl, max_kl))[1] for r in rs):
+        if all(r["dppl"] <= dppl_bar and r["kl"] <= kl_bar
+               for r in rs for dppl_bar, kl_bar in [bars.get((r["n"], r["source"]), (max_dppl, max_kl))]):
             ok.append(name)
     best = max(ok, key=lambda m: table[m]["mean_speedup"], default=None)
     return {"name": best, "max_dppl": max_dppl, "max_kl": max_kl, "incumbent": incumbent if bars else None,
