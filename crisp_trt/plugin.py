@@ -83,13 +83,41 @@ def tensorrt(builder: bool = False):
     errors = []
     for module in (BUILDER_MODULES if builder else RUNTIME_MODULES):
         try:
-            return importlib.import_module(module)
+            trt = importlib.import_module(module)
         except (ImportError, OSError) as e:
             errors.append(f"{module}: {e}")
+            continue
+        if builder and "rtx" in module:
+            rtx_parser_link()
+        return trt
     if builder:
         raise ImportError(f"no TensorRT builder is importable ({'; '.join(errors)}); install one: {BUILDER_HINT}")
     raise ImportError(f"the TensorRT Python bindings are not importable ({'; '.join(errors)}); "
                       f"install them with `{INSTALL_HINT}` (building engines needs a builder: {BUILDER_HINT})")
+
+
+def rtx_parser_link(libs_dir: Path | None = None) -> Path | None:
+    """TensorRT-RTX 1.7's ONNX parser reaches addPluginV3 by dlopen("libtensorrt_rtx.so") through its $ORIGIN
+    rpath and std::terminates when that fails; the PyPI libs wheel (tensorrt_rtx_libs) ships only
+    libtensorrt_rtx.so.1. Adds the unversioned link beside it (an SDK install has it already) and returns its path;
+    None where there is no such wheel."""
+    if libs_dir is None:
+        try:
+            libs_dir = Path(importlib.import_module("tensorrt_rtx_libs").__file__).parent
+        except ImportError:
+            return None
+    link, target = libs_dir / "libtensorrt_rtx.so", libs_dir / "libtensorrt_rtx.so.1"
+    if link.exists() or not target.exists():
+        return link if link.exists() else None
+    try:
+        link.symlink_to(target.name)
+    except FileExistsError:
+        pass  # another process made it
+    except OSError as e:
+        raise ImportError(f"TensorRT-RTX's ONNX parser needs {link} (the libs wheel ships only {target.name}, and a "
+                          f"plugin node aborts the parser without it), and it cannot be created here ({e}): run "
+                          f"`ln -s {target.name} {link}` once") from e
+    return link
 
 
 def onnx_attributes(config: CrispConfig, num_heads: int, num_kv_heads: int, head_dim: int, *, chunked: bool = False,
@@ -150,13 +178,19 @@ def field_collection(config: CrispConfig, num_heads: int, num_kv_heads: int, hea
 _KEEPING: dict = {}
 
 
+_LOADED: set[tuple[int, str]] = set()  # (registry, library) pairs this process has loaded
+
+
 def load(registry=None, path: str | os.PathLike | None = None, trt=None):
     """Load the library into `registry` (default: the global registry of `trt`, else of `tensorrt()`) and return
     the plugin's creator. TensorRT's ONNX parser finds the plugin in that global registry."""
     library = Path(path) if path else library_path()
     registry = registry or (trt or tensorrt()).get_plugin_registry()
-    if registry.load_library(str(library)) is None:
-        raise RuntimeError(f"TensorRT could not load {library}")
+    key = (id(registry), str(library.resolve()))
+    if key not in _LOADED:  # a registry refuses a library it already holds (None, as for a failed load)
+        if registry.load_library(str(library)) is None:
+            raise RuntimeError(f"TensorRT could not load {library}")
+        _LOADED.add(key)
     creator = registry.get_creator(NAME, VERSION, NAMESPACE)
     if creator is None:
         raise RuntimeError(f"{library} loaded but no creator {NAMESPACE}::{NAME} v{VERSION} is registered")

@@ -159,6 +159,43 @@ def test_load_uses_the_registry_and_names_failures(tmp_path):
         plugin.load(_FakeRegistry(handle=1, creator=None), library)
 
 
+def test_load_twice_keeps_the_creator(tmp_path):
+    """A registry refuses a library it already holds (load_library → None): the second load must still succeed."""
+    library = tmp_path / plugin.LIBRARY
+
+    class Once(_FakeRegistry):
+        def load_library(self, path):
+            handle = super().load_library(path)
+            self.handle = None  # as TensorRT-RTX's registry answers a second load of the same file
+            return handle
+
+    registry = Once(handle=1, creator="creator")
+    assert plugin.load(registry, library) == "creator" and plugin.load(registry, library) == "creator"
+    assert [c for c, _ in registry.calls].count("load_library") == 1
+    with pytest.raises(RuntimeError, match="could not load"):  # a fresh registry still reports a failed load
+        plugin.load(Once(handle=None, creator="creator"), library)
+
+
+def test_rtx_parser_link(tmp_path, monkeypatch):
+    """TensorRT-RTX's parser dlopens the unversioned libtensorrt_rtx.so, which the libs wheel lacks: the link is
+    made beside libtensorrt_rtx.so.1, kept when present, and a read-only folder gives an error saying what to run."""
+    assert plugin.rtx_parser_link(tmp_path) is None  # no RTX library here: nothing to link
+    (tmp_path / "libtensorrt_rtx.so.1").write_bytes(b"lib")
+    link = plugin.rtx_parser_link(tmp_path)
+    assert link == tmp_path / "libtensorrt_rtx.so" and link.is_symlink() and link.read_bytes() == b"lib"
+    assert plugin.rtx_parser_link(tmp_path) == link  # idempotent
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "libtensorrt_rtx.so.1").write_bytes(b"lib")
+
+    def refuse(self, target):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "symlink_to", refuse)  # a read-only site-packages (root could write a chmod'ed one)
+    with pytest.raises(ImportError, match=r"ln -s libtensorrt_rtx.so.1 .*other/libtensorrt_rtx.so"):
+        plugin.rtx_parser_link(other)
+
+
 def test_field_collection_maps_types():
     fake = SimpleNamespace(PluginFieldType=SimpleNamespace(INT32="i", FLOAT32="f", CHAR="c"),
                            PluginField=lambda name, value, kind: (name, value, kind), PluginFieldCollection=list)

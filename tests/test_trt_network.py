@@ -1,8 +1,8 @@
 """CrispPrefillAttention under a real TensorRT builder (TensorRT-RTX 1.7 or TensorRT): the plugin in a network
 with packed varlen inputs and a profile up to 128k tokens, built and serialised, the builder's asks against the
 plugin's answers (scripts/device/gpu_trt_rtx.py); and the exported prefill graph parsed with a plugin layer per
-attention layer. Runs where a builder, a CUDA GPU and the built plugin library are present; skips otherwise,
-saying which is missing. Each build runs in a child process (a library abort is reported as a failure)."""
+attention layer. Runs where a builder (with full TensorRT: and a CUDA GPU; TensorRT-RTX builds on the CPU) and
+the built plugin library are present; skips otherwise, saying which is missing. Each build runs in a child process (a library abort is reported as a failure)."""
 import json
 import subprocess
 import sys
@@ -22,7 +22,7 @@ def toolchain():
         trt = plugin.tensorrt(builder=True)
     except ImportError as exc:
         pytest.skip(f"no TensorRT builder: {exc}")
-    if not torch.cuda.is_available():
+    if "rtx" not in trt.__name__ and not torch.cuda.is_available():  # TensorRT-RTX builds on the CPU too
         pytest.skip("needs a CUDA GPU (TensorRT builds for the device it runs on)")
     try:
         library = plugin.library_path()

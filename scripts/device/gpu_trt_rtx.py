@@ -88,7 +88,7 @@ def case(heads: int, kv: int, d: int, dtype: str, max_tokens: int, max_batch: in
     layers = engine.plugin_layers(trt, net)
     out = net.get_output(0)
     rec.update(route=route, plugin_layers=len(layers), layer_type=str(layers[0].type) if layers else None,
-               out_shape=list(out.shape), out_dtype=str(out.dtype), plan_bytes=len(plan) if plan is not None else 0)
+               out_shape=list(out.shape), out_dtype=str(out.dtype), plan_bytes=plan.nbytes if plan is not None else 0)
     rec["shape_ok"] = list(out.shape) == [-1, heads, d]
     rec["dtype_ok"] = out.dtype == getattr(trt, dtype)
     ws = launch.workspace(max_batch, heads, kv, d, cfg, max_tokens)[1].size
