@@ -178,7 +178,7 @@ def field_collection(config: CrispConfig, num_heads: int, num_kv_heads: int, hea
 _KEEPING: dict = {}
 
 
-_LOADED: set[tuple[int, str]] = set()  # (registry, library) pairs this process has loaded
+_LOADED: set[str] = set()  # libraries this process has loaded into a registry
 
 
 def load(registry=None, path: str | os.PathLike | None = None, trt=None):
@@ -186,11 +186,10 @@ def load(registry=None, path: str | os.PathLike | None = None, trt=None):
     the plugin's creator. TensorRT's ONNX parser finds the plugin in that global registry."""
     library = Path(path) if path else library_path()
     registry = registry or (trt or tensorrt()).get_plugin_registry()
-    key = (id(registry), str(library.resolve()))
-    if key not in _LOADED:  # a registry refuses a library it already holds (None, as for a failed load)
-        if registry.load_library(str(library)) is None:
-            raise RuntimeError(f"TensorRT could not load {library}")
-        _LOADED.add(key)
+    loaded_before = str(library.resolve()) in _LOADED
+    if registry.load_library(str(library)) is None and not loaded_before:  # a second load answers None too
+        raise RuntimeError(f"TensorRT could not load {library}")
+    _LOADED.add(str(library.resolve()))
     creator = registry.get_creator(NAME, VERSION, NAMESPACE)
     if creator is None:
         raise RuntimeError(f"{library} loaded but no creator {NAMESPACE}::{NAME} v{VERSION} is registered")

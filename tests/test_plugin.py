@@ -154,7 +154,7 @@ def test_load_uses_the_registry_and_names_failures(tmp_path):
     assert plugin.load(registry, library) == "creator"
     assert registry.calls == [("load_library", str(library)), ("get_creator", ("CrispPrefillAttention", "1", "crisp"))]
     with pytest.raises(RuntimeError, match="could not load"):
-        plugin.load(_FakeRegistry(handle=None, creator="creator"), library)
+        plugin.load(_FakeRegistry(handle=None, creator="creator"), tmp_path / "never" / plugin.LIBRARY)
     with pytest.raises(RuntimeError, match="no creator crisp::CrispPrefillAttention v1"):
         plugin.load(_FakeRegistry(handle=1, creator=None), library)
 
@@ -171,9 +171,10 @@ def test_load_twice_keeps_the_creator(tmp_path):
 
     registry = Once(handle=1, creator="creator")
     assert plugin.load(registry, library) == "creator" and plugin.load(registry, library) == "creator"
-    assert [c for c, _ in registry.calls].count("load_library") == 1
-    with pytest.raises(RuntimeError, match="could not load"):  # a fresh registry still reports a failed load
-        plugin.load(Once(handle=None, creator="creator"), library)
+    with pytest.raises(RuntimeError, match="could not load"):  # a library never loaded still fails
+        plugin.load(Once(handle=None, creator="creator"), tmp_path / "other" / plugin.LIBRARY)
+    with pytest.raises(RuntimeError, match="no creator"):  # held, but this registry has no creator: still an error
+        plugin.load(Once(handle=None, creator=None), library)
 
 
 def test_rtx_parser_link(tmp_path, monkeypatch):
