@@ -9,6 +9,7 @@ the TensorRT-LLM 1.2 path as a design note: why CRISP stops at this ONNX route).
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import time
@@ -38,8 +39,10 @@ def tensorrt_available() -> bool:
     return True
 
 
+@functools.cache
 def require_builder(library: str | Path | None = None):
-    """(trt module, plugin creator): a TensorRT builder with CrispPrefillAttention in its global registry."""
+    """(trt module, plugin creator): a TensorRT builder with CrispPrefillAttention in its global registry. Cached:
+    crisp-build asks at the start, before the export and in build_plan; a failure is not cached."""
     try:
         trt = plugin.tensorrt(builder=True)
     except ImportError as exc:

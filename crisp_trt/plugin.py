@@ -87,13 +87,19 @@ def tensorrt(builder: bool = False):
         except (ImportError, OSError) as e:
             errors.append(f"{module}: {e}")
             continue
-        if builder and "rtx" in module:
+        if builder and is_rtx(trt):
             rtx_parser_link()
         return trt
     if builder:
         raise ImportError(f"no TensorRT builder is importable ({'; '.join(errors)}); install one: {BUILDER_HINT}")
     raise ImportError(f"the TensorRT Python bindings are not importable ({'; '.join(errors)}); "
                       f"install them with `{INSTALL_HINT}` (building engines needs a builder: {BUILDER_HINT})")
+
+
+def is_rtx(trt) -> bool:
+    """Whether a TensorRT module is TensorRT-RTX's (`tensorrt_rtx`, `tensorrt_rtx_bindings`): its builder needs no
+    GPU, and its ONNX parser needs `rtx_parser_link`."""
+    return trt.__name__.startswith("tensorrt_rtx")
 
 
 def rtx_parser_link(libs_dir: Path | None = None) -> Path | None:
@@ -107,8 +113,10 @@ def rtx_parser_link(libs_dir: Path | None = None) -> Path | None:
         except ImportError:
             return None
     link, target = libs_dir / "libtensorrt_rtx.so", libs_dir / "libtensorrt_rtx.so.1"
-    if link.exists() or not target.exists():
-        return link if link.exists() else None
+    if link.exists():
+        return link
+    if not target.exists():
+        return None
     try:
         link.symlink_to(target.name)
     except FileExistsError:
@@ -186,10 +194,10 @@ def load(registry=None, path: str | os.PathLike | None = None, trt=None):
     the plugin's creator. TensorRT's ONNX parser finds the plugin in that global registry."""
     library = Path(path) if path else library_path()
     registry = registry or (trt or tensorrt()).get_plugin_registry()
-    loaded_before = str(library.resolve()) in _LOADED
-    if registry.load_library(str(library)) is None and not loaded_before:  # a second load answers None too
+    key = str(library.resolve())
+    if registry.load_library(str(library)) is None and key not in _LOADED:  # a second load answers None too
         raise RuntimeError(f"TensorRT could not load {library}")
-    _LOADED.add(str(library.resolve()))
+    _LOADED.add(key)
     creator = registry.get_creator(NAME, VERSION, NAMESPACE)
     if creator is None:
         raise RuntimeError(f"{library} loaded but no creator {NAMESPACE}::{NAME} v{VERSION} is registered")

@@ -22,7 +22,7 @@ def toolchain():
         trt = plugin.tensorrt(builder=True)
     except ImportError as exc:
         pytest.skip(f"no TensorRT builder: {exc}")
-    if "rtx" not in trt.__name__ and not torch.cuda.is_available():  # TensorRT-RTX builds on the CPU too
+    if not plugin.is_rtx(trt) and not torch.cuda.is_available():  # TensorRT-RTX builds on the CPU too
         pytest.skip("needs a CUDA GPU (TensorRT builds for the device it runs on)")
     try:
         library = plugin.library_path()

@@ -77,14 +77,18 @@ def pick(rows, max_dppl: float = MAX_DPPL, max_kl: float = MAX_KL, incumbent: st
     for r in rows:
         if r["method"] == incumbent:
             bars[r["n"], r["source"]] = (max(max_dppl, r["dppl"]), max(max_kl, r["kl"]))
+
+    def within(r) -> bool:
+        dppl_bar, kl_bar = bars.get((r["n"], r["source"]), (max_dppl, max_kl))
+        return r["dppl"] <= dppl_bar and r["kl"] <= kl_bar
+
     table, ok = {}, []
     for name in names:
         rs = [r for r in rows if r["method"] == name]
         timed = [r["speedup"] for r in rs if r["speedup"] is not None]
         table[name] = dict(worst_dppl=max(r["dppl"] for r in rs), worst_kl=max(r["kl"] for r in rs),
                            mean_speedup=sum(timed) / max(1, len(timed)))
-        if all(r["dppl"] <= dppl_bar and r["kl"] <= kl_bar
-               for r in rs for dppl_bar, kl_bar in [bars.get((r["n"], r["source"]), (max_dppl, max_kl))]):
+        if all(within(r) for r in rs):
             ok.append(name)
     best = max(ok, key=lambda m: table[m]["mean_speedup"], default=None)
     return {"name": best, "max_dppl": max_dppl, "max_kl": max_kl, "incumbent": incumbent if bars else None,
