@@ -3,7 +3,7 @@
 #   STEPS=op    bash scripts/device/gpu_bench.sh "$OUT"   # synthetic op, ~5 min  (carry .stage/smollm2/manifest + part.00)
 #   STEPS=model bash scripts/device/gpu_bench.sh "$OUT"   # real op/accuracy/e2e  (carry .stage/smollm2/manifest + part.01, .stage/wheels)
 # OP_WORKLOADS: the op steps' synthetic workloads (default synthetic,synthetic_plain; synthetic_classes too).
-# ACC_TRIALS / ACC_METHODS / ACC_LIMIT: the accuracy step's trials per cell, methods (add dense_eager, the
+# ACC_TRIALS / ACC_METHODS / ACC_LENGTHS / ACC_LIMIT: the accuracy step's trials per cell, methods (add dense_eager, the
 # dense-vs-dense control) and time limit; SWEEP_ARGS: extra crisp-bench sweep arguments (--trials, --variants).
 # Model steps one by one: STEPS=op_real,accuracy,e2e,sweep (model = the first three; sweep = crisp-bench sweep,
 # which configs keep the greedy text identical to dense). Every model step builds the artifact first.
@@ -60,7 +60,7 @@ if want op_real || want accuracy || want e2e || want sweep; then
   if [ -n "$GGUF" ]; then
     step build 100 python3 -m crisp_trt.builder --model "$GGUF" --output "$ART" --backend torch --dtype bf16 --no-progress
     want op_real && step op_real 80 python3 -m crisp_trt.bench.cli op --workloads real --shapes smollm2 --lengths 2k,4k,8k --model "$ART" --device cuda --out "$WORK/op_real" --no-plots
-    want accuracy && step accuracy "${ACC_LIMIT:-170}" python3 -m crisp_trt.bench.cli accuracy --model "$ART" --lengths 2k,4k,8k --depths 0,0.25,0.5,0.75,1 --trials "${ACC_TRIALS:-30}" --methods "${ACC_METHODS:-dense,crisp,flexprefill}" --device cuda --out "$WORK/accuracy"
+    want accuracy && step accuracy "${ACC_LIMIT:-170}" python3 -m crisp_trt.bench.cli accuracy --model "$ART" --lengths "${ACC_LENGTHS:-2k,4k,8k}" --depths 0,0.25,0.5,0.75,1 --trials "${ACC_TRIALS:-30}" --methods "${ACC_METHODS:-dense,crisp,flexprefill}" --device cuda --out "$WORK/accuracy"
     want e2e && step e2e 150 python3 -m crisp_trt.bench.cli e2e "$ART" --lengths 2k,4k,8k --trials 10 --device cuda --out "$WORK/e2e"
     want sweep && step sweep 240 python3 -m crisp_trt.bench.cli sweep "$ART" --lengths 2k,4k,8k --out "$WORK/sweep" ${SWEEP_ARGS:-}
   else

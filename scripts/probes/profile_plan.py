@@ -2,9 +2,13 @@
 
     python3 scripts/probes/profile_plan.py [n ...]     # default 131072; Llama-3-8B shape, synthetic, bf16
     SHAPE=smollm2 python3 scripts/probes/profile_plan.py 8192   # SmolLM2's 9 / 3 heads, d = 64
-    SPIKE=0.01 SHAPE=qwen python3 scripts/probes/profile_plan.py 16384 32768   # with select's spike stage
+    SPIKE=0 SHAPE=qwen python3 scripts/probes/profile_plan.py 16384 32768   # without select's spike stage
+    ROUTE_WARPS=4,2,1 SHAPE=qwen python3 scripts/probes/profile_plan.py 8192   # route at each num_warps
 
-Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json.
+Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json. ROUTE_WARPS
+overrides launch.options for the route kernel only (a measurement before changing the launch rule); every
+setting's plan (list lengths, keep maps, routes) is checked equal to the first's and its C_struct gap printed
+(num_warps changes only the order of route's float sums).
 """
 from __future__ import annotations
 
@@ -18,17 +22,28 @@ from torch.profiler import ProfilerActivity, profile
 
 from crisp_trt import CrispConfig
 from crisp_trt.bench.op import SHAPES
+from crisp_trt.kernels import launch
 from crisp_trt.kernels.pipeline import Stages
 from crisp_trt.workloads.synthetic import synthetic_qkv
 
 SHAPE = os.environ.get("SHAPE", "llama3_8b")
 H, HKV, D = SHAPES[SHAPE]
 RUNS = 5
-CONFIG = CrispConfig(spike=float(os.environ.get("SPIKE", "0")))  # SPIKE=0.01: with select's spike stage
+CONFIG = CrispConfig(**({"spike": float(os.environ["SPIKE"])} if "SPIKE" in os.environ else {}))  # SPIKE=0: no spike stage
 
 
-def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float]]:
-    """(wall ms per call, {kernel: mean GPU ms per call})."""
+def route_warps(warps: int | None) -> None:
+    """Launch route_kernel at `warps` warps from now on; None restores launch.options."""
+    launch.options = SHIPPED if warps is None else (
+        lambda stage, *a, **kw: {**SHIPPED(stage, *a, **kw), **({"num_warps": warps} if stage == "route" else {})})
+    launch._COMPILED.clear()
+
+
+SHIPPED = launch.options
+
+
+def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float], tuple]:
+    """(wall ms per call, {kernel: mean GPU ms per call}, the plan: list lengths, keep maps, routes, C_struct)."""
     q, k, v = (t[0] for t in synthetic_qkv(n, H, HKV, D, dtype=torch.bfloat16, device="cuda"))
     cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
     st = Stages(q, k, cu, n, cfg)
@@ -52,20 +67,31 @@ def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float]]:
     for e in prof.key_averages():
         if e.device_type.name == "CUDA" and e.device_time_total > 0:
             times[e.key[:60]] = e.device_time_total / RUNS / 1e3
-    return wall, dict(sorted(times.items(), key=lambda kv: -kv[1]))
+    plan = tuple(t.clone() for t in (st.ncols, st.ndists, st.counts, st.columns, st.distances, st.route_, st.c_struct))
+    return wall, dict(sorted(times.items(), key=lambda kv: -kv[1])), plan
 
 
 def main() -> None:
     lengths = [int(a) for a in sys.argv[1:]] or [131072]
     out = os.environ.get("OUT", "/tmp/crisp_profile")
     os.makedirs(out, exist_ok=True)
+    warps = [int(w) for w in os.environ["ROUTE_WARPS"].split(",")] if os.environ.get("ROUTE_WARPS") else [None]
     for n in lengths:
-        wall, times = kernel_times(n, CONFIG)
-        with open(os.path.join(out, f"profile_{SHAPE}_{n}{'_spike' if CONFIG.spike else ''}.json"), "w") as f:
-            json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "device": torch.cuda.get_device_name(),
-                       "wall_ms": wall,
-                       "ms": times}, f, indent=1)
-        total = sum(times.values())
+        first = None
+        for w in warps:
+            route_warps(w)
+            wall, times, plan = kernel_times(n, CONFIG)
+            first = first or plan
+            same = all(torch.equal(a, b) for a, b in zip(first[:-1], plan[:-1]))
+            c_gap = (first[-1] - plan[-1]).abs().max().item()
+            tag = f"_route{w}w" if w else ""
+            with open(os.path.join(out, f"profile_{SHAPE}_{n}{'' if CONFIG.spike else '_nospike'}{tag}.json"), "w") as f:
+                json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "device": torch.cuda.get_device_name(),
+                           "route_warps": w, "plan_equal_to_first": same, "c_struct_gap": c_gap, "wall_ms": wall, "ms": times}, f, indent=1)
+            route = sum(ms for k, ms in times.items() if k.startswith("route"))
+            print(f"{SHAPE} n={n} route_warps={w or 'shipped'}: route {route:.4f} ms, plan equal to first: {same}, C_struct gap {c_gap:.1e}")
+        route_warps(None)
+        total = sum(times.values())  # the last setting's
         print(f"{SHAPE} n={n}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
         for name, ms in times.items():
             print(f"  {ms:9.3f} ms {100 * ms / total:5.1f}%  {name}")
