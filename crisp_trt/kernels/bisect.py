@@ -6,6 +6,11 @@ positions lo[r] + (t · m[r]) // cnt[r] for t < cnt[r] of `ptr + base[r]` — th
 order like their int32 bit patterns, so 31 halvings of [0, +inf] find an exact order statistic
 (the reference's `torch.kthvalue`) with no sort, no host sync and fixed-size state. The value at
 position `last[r]` is divided by `wlast[r]` and every other by `wdiv` (block widths), when asked.
+
+P (a constexpr, 1 or 16) is the number of probes per step: P = 1 is plain bisection (31 steps, one pass
+over the row each); P = 16 splits the interval into 17 parts per pass (8 steps: 4× fewer passes for
+route's one program per head, whose passes are a latency chain, at 16× the compares per pass). Both
+find the same bit pattern.
 """
 from __future__ import annotations
 
@@ -13,6 +18,44 @@ import triton
 import triton.language as tl
 
 INF_BITS = tl.constexpr(0x7F800000)  # bit pattern of +inf
+
+
+@triton.jit
+def steps(P: tl.constexpr):
+    """Search steps that narrow [0, +inf]'s 2^31 bit patterns to one with P probes a step (P ∈ {1, 16})."""
+    if P == 1:
+        return 31
+    else:
+        return 8
+
+
+@triton.jit
+def probes(base, width, P: tl.constexpr):
+    """[R, P] probes base + min((j + 1) · ceil(width / (P + 1)), width), j < P: the interval (base, base +
+    width] in P + 1 parts (P = 1: its midpoint). No overflow: width < 2^31 and 16 · ceil(width / 17) < 2^31."""
+    step = (width + P) // (P + 1)
+    j = tl.arange(0, P)[None, :] + 1
+    return base[:, None] + tl.minimum(j * step[:, None], width[:, None])
+
+
+@triton.jit
+def pick(p, i, P: tl.constexpr):
+    """[R]: p[r, i[r]] (0 where i[r] is outside [0, P))."""
+    return tl.sum(tl.where(tl.arange(0, P)[None, :] == i[:, None], p, 0), 1)
+
+
+@triton.jit
+def narrow_first(lo_b, hi_b, p, true, P: tl.constexpr):
+    """Smallest-true search (true monotone false → true over ascending probes p): the new [lo, hi]."""
+    f = P - tl.sum(true.to(tl.int32), 1)  # probes that are false: a prefix
+    return tl.where(f == 0, lo_b, pick(p, f - 1, P) + 1), tl.where(f == P, hi_b, pick(p, f, P))
+
+
+@triton.jit
+def narrow_last(lo_b, hi_b, p, true, P: tl.constexpr):
+    """Largest-true search (true monotone true → false over ascending probes p, lo known true): new [lo, hi]."""
+    t = tl.sum(true.to(tl.int32), 1)  # probes that are true: a prefix
+    return tl.where(t == 0, lo_b, pick(p, t - 1, P)), tl.where(t == P, hi_b, pick(p, t, P) - 1)
 
 
 @triton.jit
@@ -27,43 +70,41 @@ def load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C: tl.constexpr):
 
 
 @triton.jit
-def kth_smallest(ptr, base, lo, m, cnt, k, last, wlast, wdiv, C: tl.constexpr):
+def kth_smallest(ptr, base, lo, m, cnt, k, last, wlast, wdiv, C: tl.constexpr, P: tl.constexpr):
     """Per row, the k[r]-th smallest (0-indexed) of its cnt[r] entries ([R] f32; +inf if k ≥ cnt)."""
     lo_b = tl.zeros_like(k)
     hi_b = tl.zeros_like(k) + INF_BITS
     top = tl.max(cnt, 0)
-    for _ in range(31):
-        mid = lo_b + (hi_b - lo_b) // 2
-        below = tl.zeros_like(k)
+    for _ in range(steps(P)):
+        mid = probes(lo_b - 1, hi_b - lo_b + 1, P)
+        below = tl.zeros_like(mid)
         t0 = 0
         while t0 < top:
             x, ok = load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C)
-            below += tl.sum((ok & (x.to(tl.int32, bitcast=True) <= mid[:, None])).to(tl.int32), 1)
+            hit = ok[:, None, :] & (x.to(tl.int32, bitcast=True)[:, None, :] <= mid[:, :, None])
+            below += tl.sum(hit.to(tl.int32), 2)
             t0 += C
-        take = below >= k + 1
-        hi_b = tl.where(take, mid, hi_b)
-        lo_b = tl.where(take, lo_b, mid + 1)
+        lo_b, hi_b = narrow_first(lo_b, hi_b, mid, below >= k[:, None] + 1, P)
     return hi_b.to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def mass_threshold(ptr, base, lo, m, cnt, need, last, wlast, wdiv, C: tl.constexpr):
+def mass_threshold(ptr, base, lo, m, cnt, need, last, wlast, wdiv, C: tl.constexpr, P: tl.constexpr):
     """Per row, the largest t with Σ{x ≥ t} x ≥ need[r] — keeping x ≥ t covers `need` with the fewest
     entries (the reference's sort + cumsum). 0 when even every entry falls short (keep all)."""
     lo_b = tl.zeros_like(cnt)
     hi_b = tl.zeros_like(cnt) + INF_BITS
     top = tl.max(cnt, 0)
-    for _ in range(31):
-        mid = lo_b + (hi_b - lo_b + 1) // 2
-        mass = tl.zeros_like(need)
+    for _ in range(steps(P)):
+        mid = probes(lo_b, hi_b - lo_b, P)
+        mass = tl.zeros(mid.shape, tl.float32)
         t0 = 0
         while t0 < top:
             x, ok = load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C)
-            mass += tl.sum(tl.where(ok & (x.to(tl.int32, bitcast=True) >= mid[:, None]), x, 0.0), 1)
+            hit = ok[:, None, :] & (x.to(tl.int32, bitcast=True)[:, None, :] >= mid[:, :, None])
+            mass += tl.sum(tl.where(hit, x[:, None, :], 0.0), 2)
             t0 += C
-        enough = mass >= need
-        lo_b = tl.where(enough, mid, lo_b)
-        hi_b = tl.where(enough, hi_b, mid - 1)
+        lo_b, hi_b = narrow_last(lo_b, hi_b, mid, mass >= need[:, None], P)
     return lo_b.to(tl.float32, bitcast=True)
 
 
@@ -89,7 +130,7 @@ def count_kept(rank_ptr, base, lo, m, gt, ge, C: tl.constexpr):
 
 
 @triton.jit
-def kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, k, C: tl.constexpr):
+def kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, k, C: tl.constexpr, P: tl.constexpr):
     """Per row, the k[r]-th smallest (0-indexed) mass among the entries keep_rule keeps without a cap."""
     lo_b = tl.zeros_like(k)
     hi_b = tl.zeros_like(k) + INF_BITS
@@ -97,26 +138,25 @@ def kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, k, C: tl.constexpr):
     zero = tl.zeros_like(gt)
     one = zero + 1.0
     top = tl.max(m, 0)
-    for _ in range(31):
-        mid = lo_b + (hi_b - lo_b) // 2
-        below = tl.zeros_like(k)
+    for _ in range(steps(P)):
+        mid = probes(lo_b - 1, hi_b - lo_b + 1, P)
+        below = tl.zeros_like(mid)
         t0 = 0
         while t0 < top:
             rank, ok = load_rows(rank_ptr, base, lo, m, m, none, one, 1.0, t0, C)
             mass, mass_ok = load_rows(mass_ptr, base, lo, m, m, none, one, 1.0, t0, C)  # ok == mass_ok
-            hit = ok & keep_rule(rank, mass, gt, ge, zero) & (mass.to(tl.int32, bitcast=True) <= mid[:, None])
-            below += tl.sum(hit.to(tl.int32), 1)
+            kept = ok & keep_rule(rank, mass, gt, ge, zero)
+            hit = kept[:, None, :] & (mass.to(tl.int32, bitcast=True)[:, None, :] <= mid[:, :, None])
+            below += tl.sum(hit.to(tl.int32), 2)
             t0 += C
-        take = below >= k + 1
-        hi_b = tl.where(take, mid, hi_b)
-        lo_b = tl.where(take, lo_b, mid + 1)
+        lo_b, hi_b = narrow_first(lo_b, hi_b, mid, below >= k[:, None] + 1, P)
     return hi_b.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def thresholds(mass_ptr, score_ptr, base, lo, m, always, floor_ptr, floor_lo, floor_m, floor_cnt,
                last, wlast, wdiv, kappa, quantile, gamma, min_blocks, max_blocks,
-               FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, C: tl.constexpr):
+               FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, C: tl.constexpr, P: tl.constexpr):
     """(gt, ge, cap) per row for keep_rule over candidates [lo, lo + m) (reference._keep).
 
     FLOOR: gt = kappa · quantile of the floor entries (means mass/width, or the strided sample), tested on
@@ -129,13 +169,13 @@ def thresholds(mass_ptr, score_ptr, base, lo, m, always, floor_ptr, floor_lo, fl
     none = tl.zeros_like(lo) - 1
     if FLOOR:
         kq = (quantile * (floor_cnt - 1).to(tl.float32)).to(tl.int32)
-        floor = kth_smallest(floor_ptr, base, floor_lo, floor_m, floor_cnt, kq, last, wlast, wdiv, C)
+        floor = kth_smallest(floor_ptr, base, floor_lo, floor_m, floor_cnt, kq, last, wlast, wdiv, C, P)
         gt = tl.where(floor_cnt > 0, kappa * floor, inf)
         ge = inf
         rank_ptr = score_ptr
     else:
         need = gamma - always
-        reach = mass_threshold(mass_ptr, base, lo, m, m, need, none, zero + 1.0, 1.0, C)
+        reach = mass_threshold(mass_ptr, base, lo, m, m, need, none, zero + 1.0, 1.0, C, P)
         gt = inf
         ge = tl.where(need <= 0, inf, reach)
         rank_ptr = mass_ptr
@@ -144,12 +184,12 @@ def thresholds(mass_ptr, score_ptr, base, lo, m, always, floor_ptr, floor_lo, fl
         fk = tl.minimum(min_blocks, m)
         short = (kept < fk) & (fk > 0)
         if tl.max(short.to(tl.int32), 0) > 0:
-            top = kth_smallest(rank_ptr, base, lo, m, m, m - fk, none, zero + 1.0, 1.0, C)
+            top = kth_smallest(rank_ptr, base, lo, m, m, m - fk, none, zero + 1.0, 1.0, C, P)
             ge = tl.where(short, tl.minimum(ge, top), ge)
             kept = count_kept(rank_ptr, base, lo, m, gt, ge, C)
     over = (kept > max_blocks) & (m > max_blocks)
     cap = zero
     if tl.max(over.to(tl.int32), 0) > 0:
-        cut = kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, kept - max_blocks, C)
+        cut = kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, kept - max_blocks, C, P)
         cap = tl.where(over, cut, zero)
     return gt, ge, cap

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .bisect import INF_BITS, keep_rule, thresholds
+from .bisect import INF_BITS, keep_rule, narrow_last, probes, steps, thresholds
 from .bounds import chunk_bounds
 from .launch import kernel
 
@@ -24,7 +24,7 @@ from .launch import kernel
 @triton.jit
 def _keep_blocks(mass_ptr, score_ptr, base, lo, hi, always_hi, nb, width_last, kappa, quantile, gamma,
                  min_blocks, max_blocks, keep_ptr, BLOCK, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr,
-                 C: tl.constexpr):
+                 C: tl.constexpr, P: tl.constexpr):
     """Keep map (int8, 1 = kept) of one head's blocks: [0, always_hi) always, candidates [lo, hi)."""
     lo_v = tl.zeros([1], tl.int32) + lo
     m_v = tl.zeros([1], tl.int32) + (hi - lo)
@@ -42,7 +42,7 @@ def _keep_blocks(mass_ptr, score_ptr, base, lo, hi, always_hi, nb, width_last, k
         t0 += C
     gt, ge, cap = thresholds(mass_ptr, score_ptr, base_v, lo_v, m_v, all_mass - cand_mass, mass_ptr, lo_v, m_v,
                              m_v, last_v, wl_v, BLOCK * 1.0, kappa, quantile, gamma, min_blocks, max_blocks,
-                             FLOOR, MIN_TOP, C)
+                             FLOOR, MIN_TOP, C, P)
     rank_ptr = score_ptr if FLOOR else mass_ptr
     taken = tl.zeros([1], tl.int32)
     t0 = 0
@@ -153,43 +153,45 @@ def _above(keep_ptr, mass_ptr, base, j, nb, lo, t_bits):
 
 @triton.jit
 def _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, t_bits, C: tl.constexpr):
-    """Under threshold bits t: (the last query block's covered vsum, kept candidate columns, offsets)."""
-    covered = 0.0
-    n_c = 0
-    n_o = 0
+    """Under each threshold's bits t (t_bits [T, 1]): ([T] each) the last query block's covered vsum, kept
+    candidate columns, offsets."""
+    covered = tl.zeros([t_bits.shape[0]], tl.float32)
+    n_c = tl.zeros([t_bits.shape[0]], tl.int32)
+    n_o = tl.zeros([t_bits.shape[0]], tl.int32)
     t0 = 0
     while t0 < nb:
-        jj = t0 + tl.arange(0, C)
+        jj = t0 + tl.arange(0, C)[None, :]
         dist = nb - 1 - jj  # key block jj of the last query block sits at distance dist: offsets dist, dist − 1
         col, col_cand = _above(keep_c_ptr, vsum_ptr, base, jj, nb, v_lo, t_bits)
         off, off_cand = _above(keep_o_ptr, ssum_ptr, base, dist, nb, s_lo, t_bits)
         off_prev = _above(keep_o_ptr, ssum_ptr, base, dist - 1, nb, s_lo, t_bits)[0]
         v = tl.load(vsum_ptr + base + jj, mask=jj < nb, other=0.0)
-        covered += tl.sum(tl.where((jj < nb) & (col | off | off_prev), v, 0.0), 0)
-        n_c += tl.sum((col_cand & (jj < nb)).to(tl.int32), 0)
-        n_o += tl.sum((off_cand & (jj < nb)).to(tl.int32), 0)
+        covered += tl.sum(tl.where((jj < nb) & (col | off | off_prev), v, 0.0), 1)
+        n_c += tl.sum((col_cand & (jj < nb)).to(tl.int32), 1)
+        n_o += tl.sum((off_cand & (jj < nb)).to(tl.int32), 1)
         t0 += C
     return covered, n_c, n_o
 
 
 @triton.jit
 def _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, coverage, min_blocks,
-          C: tl.constexpr):
-    """The mass-ordered stop (reference.trim_to_coverage): the largest t, by bisection on f32 bits, under
-    which the kept columns (vsum ≥ t) and offsets (ssum ≥ t) still cover `coverage` and each keeps
-    min(min_blocks, kept) candidates; then drops the candidates below t from both keep maps."""
+          C: tl.constexpr, P: tl.constexpr):
+    """The mass-ordered stop (reference.trim_to_coverage): the largest t, by a search on f32 bits (P probes a
+    step, bisect.narrow_last), under which the kept columns (vsum ≥ t) and offsets (ssum ≥ t) still cover
+    `coverage` and each keeps min(min_blocks, kept) candidates; then drops the candidates below t from both
+    keep maps."""
     zero_bits = tl.zeros([1], tl.int32)
-    whole = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, zero_bits, C)
+    whole = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, zero_bits[:, None], C)
     need_c = tl.minimum(min_blocks, whole[1])
     need_o = tl.minimum(min_blocks, whole[2])
     lo_b = zero_bits
     hi_b = zero_bits + INF_BITS
-    for _ in range(31):
-        mid = lo_b + (hi_b - lo_b + 1) // 2
-        covered, n_c, n_o = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, mid, C)
+    for _ in range(steps(P)):
+        mid = probes(lo_b, hi_b - lo_b, P)  # [1, P]
+        covered, n_c, n_o = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo,
+                                     tl.reshape(mid, [P, 1]), C)
         holds = (covered >= coverage) & (n_c >= need_c) & (n_o >= need_o)
-        lo_b = tl.where(holds, mid, lo_b)
-        hi_b = tl.where(holds, hi_b, mid - 1)
+        lo_b, hi_b = narrow_last(lo_b, hi_b, mid, tl.reshape(holds, [1, P]), P)
     tl.debug_barrier()
     t0 = 0
     while t0 < nb:
@@ -228,14 +230,15 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, cu_k_ptr, keep_
     s_hi = nb
     if SINK > 0:
         s_hi = tl.maximum(s_lo, nb - 1 - SINK)
+    P: tl.constexpr = 16 if C <= 256 else 1  # search probes a step (bisect): 4× fewer passes while C is small
     c_struct = -1.0
     kappa_j = kappa
     j = 0
     while (j < steps) & (c_struct < coverage):  # kappa halves while the selection's C_struct < coverage
         _keep_blocks(vsum_ptr, vmax_ptr, base, v_lo, v_hi, v_lo, nb, width_last, kappa_j, quantile, gamma,
-                     min_blocks, max_blocks, keep_c_ptr, BLOCK, FLOOR, MIN_TOP, C)
+                     min_blocks, max_blocks, keep_c_ptr, BLOCK, FLOOR, MIN_TOP, C, P)
         _keep_blocks(ssum_ptr, smax_ptr, base, s_lo, s_hi, s_lo, nb, width_last, kappa_j, quantile, gamma,
-                     min_blocks, max_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C)
+                     min_blocks, max_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C, P)
         tl.debug_barrier()
         c_struct = _diagonals_cstruct(keep_c_ptr, keep_o_ptr, keep_d_ptr, vsum_ptr, base, nb, C)
         kappa_j = kappa_j * 0.5
@@ -243,7 +246,7 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, cu_k_ptr, keep_
     tl.store(route_ptr + row, tl.where(c_struct >= tau, 1, 2))  # decided before the trim
     if FLOOR:
         if (coverage > 0) & (c_struct >= coverage):
-            _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, coverage, min_blocks, C)
+            _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, coverage, min_blocks, C, P)
             tl.debug_barrier()
             _diagonals(keep_o_ptr, keep_d_ptr, base, nb, C)
     tl.store(ncols_ptr + row, _compact(keep_c_ptr, base, nb, cols_ptr, row.to(tl.int64) * MAXC, C))

@@ -124,7 +124,7 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr
     one = tl.zeros([QG], tl.float32) + 1.0
     gt, ge, cap = thresholds(scratch_ptr, scratch_ptr, base, lo, cand_m, all_mass - cand_mass, scratch_ptr, lo,
                              cand_m, tl.minimum(cand_m, SAMPLES), none, one, 1.0, kappa, quantile, gamma,
-                             min_blocks, max_blocks, FLOOR, MIN_TOP, C)
+                             min_blocks, max_blocks, FLOOR, MIN_TOP, C, 1)
     taken = tl.zeros([QG], tl.int32)
     spiked = tl.zeros([QG], tl.int32)
     count = tl.zeros([QG], tl.int32)

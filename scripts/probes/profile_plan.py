@@ -8,7 +8,8 @@
 Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json. ROUTE_WARPS
 overrides launch.options for the route kernel only (a measurement before changing the launch rule); every
 setting's plan (list lengths, keep maps, routes) is checked equal to the first's and its C_struct gap printed
-(num_warps changes only the order of route's float sums).
+(num_warps changes only the order of route's float sums). PLAN_DIR=dir saves each n's plan there (torch.save)
+to compare two versions of the kernels run on the same seeded inputs.
 """
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float], tup
         if e.device_type.name == "CUDA" and e.device_time_total > 0:
             times[e.key[:60]] = e.device_time_total / RUNS / 1e3
     plan = tuple(t.clone() for t in (st.ncols, st.ndists, st.counts, st.columns, st.distances, st.route_, st.c_struct))
+    if os.environ.get("PLAN_DIR"):  # to compare two versions of the kernels: the same synthetic inputs each run
+        torch.save([t.cpu() for t in plan], os.path.join(os.environ["PLAN_DIR"], f"{SHAPE}_{n}.pt"))
     return wall, dict(sorted(times.items(), key=lambda kv: -kv[1])), plan
 
 
