@@ -3,12 +3,13 @@
     python3 scripts/probes/profile_plan.py [n ...]     # default 131072; Llama-3-8B shape, synthetic, bf16
     SHAPE=smollm2 python3 scripts/probes/profile_plan.py 8192   # SmolLM2's 9 / 3 heads, d = 64
     SPIKE=0 SHAPE=qwen python3 scripts/probes/profile_plan.py 16384 32768   # without select's spike stage
-    ROUTE_WARPS=4,2,1 SHAPE=qwen python3 scripts/probes/profile_plan.py 8192   # route at each num_warps
+    OPTIONS="shipped;route=1;estimate_mass=4/2" python3 scripts/probes/profile_plan.py 8192   # launch options
 
-Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json. ROUTE_WARPS
-overrides launch.options for the route kernel only (a measurement before changing the launch rule); every
-setting's plan (list lengths, keep maps, routes) is checked equal to the first's and its C_struct gap printed
-(num_warps changes only the order of route's float sums). PLAN_DIR=dir saves each n's plan there (torch.save)
+Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json. OPTIONS lists
+settings separated by ";", each "shipped" or comma-separated stage=num_warps[/num_stages] overrides of
+launch.options (a measurement before changing the launch rule); every setting's plan (list lengths, keep
+maps, routes) is checked equal to the first's and its C_struct gap printed (launch options change only the
+order of float sums). PLAN_DIR=dir saves each n's plan there (torch.save)
 to compare two versions of the kernels run on the same seeded inputs.
 """
 from __future__ import annotations
@@ -33,14 +34,19 @@ RUNS = 5
 CONFIG = CrispConfig(**({"spike": float(os.environ["SPIKE"])} if "SPIKE" in os.environ else {}))  # SPIKE=0: no spike stage
 
 
-def route_warps(warps: int | None) -> None:
-    """Launch route_kernel at `warps` warps from now on; None restores launch.options."""
-    launch.options = SHIPPED if warps is None else (
-        lambda stage, *a, **kw: {**SHIPPED(stage, *a, **kw), **({"num_warps": warps} if stage == "route" else {})})
+def override(setting: str) -> None:
+    """Launch with `setting`'s options ("shipped", or "stage=warps[/stages],...") from now on."""
+    over = {}
+    for item in [] if setting == "shipped" else filter(None, setting.split(",")):
+        stage, _, value = item.partition("=")
+        warps, _, stages = value.partition("/")
+        over[stage.strip()] = {"num_warps": int(warps), **({"num_stages": int(stages)} if stages else {})}
+    launch.options = lambda stage, *a, **kw: {**SHIPPED(stage, *a, **kw), **over.get(stage, {})}
     launch._COMPILED.clear()
 
 
 SHIPPED = launch.options
+PLAN = ("estimate_partial", "estimate_mass", "slash_reduce", "pool", "route", "route_jsd", "spike", "select")
 
 
 def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float], tuple]:
@@ -78,22 +84,25 @@ def main() -> None:
     lengths = [int(a) for a in sys.argv[1:]] or [131072]
     out = os.environ.get("OUT", "/tmp/crisp_profile")
     os.makedirs(out, exist_ok=True)
-    warps = [int(w) for w in os.environ["ROUTE_WARPS"].split(",")] if os.environ.get("ROUTE_WARPS") else [None]
+    settings = [v.strip() for v in os.environ.get("OPTIONS", "shipped").split(";")]
     for n in lengths:
         first = None
-        for w in warps:
-            route_warps(w)
+        for setting in settings:
+            override(setting)
             wall, times, plan = kernel_times(n, CONFIG)
             first = first or plan
             same = all(torch.equal(a, b) for a, b in zip(first[:-1], plan[:-1]))
             c_gap = (first[-1] - plan[-1]).abs().max().item()
-            tag = f"_route{w}w" if w else ""
+            tag = "" if setting == "shipped" else "_" + setting.replace("=", "").replace("/", "s").replace(",", "_")
             with open(os.path.join(out, f"profile_{SHAPE}_{n}{'' if CONFIG.spike else '_nospike'}{tag}.json"), "w") as f:
                 json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "device": torch.cuda.get_device_name(),
-                           "route_warps": w, "plan_equal_to_first": same, "c_struct_gap": c_gap, "wall_ms": wall, "ms": times}, f, indent=1)
-            route = sum(ms for k, ms in times.items() if k.startswith("route"))
-            print(f"{SHAPE} n={n} route_warps={w or 'shipped'}: route {route:.4f} ms, plan equal to first: {same}, C_struct gap {c_gap:.1e}")
-        route_warps(None)
+                           "options": setting, "plan_equal_to_first": same, "c_struct_gap": c_gap, "wall_ms": wall,
+                           "ms": times}, f, indent=1)
+            plan_ms = sum(ms for k, ms in times.items() if k.split("_kernel")[0] in PLAN)
+            print(f"{SHAPE} n={n} {setting:<28} plan {plan_ms:.4f} ms, " + ", ".join(
+                f"{k.split('_kernel')[0]} {ms:.4f}" for k, ms in times.items() if k.split("_kernel")[0] in PLAN)
+                + f"; plan equal to first: {same}, C_struct gap {c_gap:.1e}")
+        override("shipped")
         total = sum(times.values())  # the last setting's
         print(f"{SHAPE} n={n}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
         for name, ms in times.items():
