@@ -8,9 +8,9 @@ order like their int32 bit patterns, so 31 halvings of [0, +inf] find an exact o
 position `last[r]` is divided by `wlast[r]` and every other by `wdiv` (block widths), when asked.
 
 P (a constexpr, 1 or 16) is the number of probes per step: P = 1 is plain bisection (31 steps, one pass
-over the row each); P = 16 splits the interval into 17 parts per pass (8 steps: 4× fewer passes for
-route's one program per head, whose passes are a latency chain, at 16× the compares per pass). Both
-find the same bit pattern.
+over the rows each); P = 16 (one row only) splits the interval into 17 parts per pass (8 steps: 4× fewer
+passes for route's one program per head, whose passes are a latency chain, at 16× the compares per
+pass). Both find the same bit pattern.
 """
 from __future__ import annotations
 
@@ -30,32 +30,41 @@ def steps(P: tl.constexpr):
 
 
 @triton.jit
-def probes(base, width, P: tl.constexpr):
-    """[R, P] probes base + min((j + 1) · ceil(width / (P + 1)), width), j < P: the interval (base, base +
-    width] in P + 1 parts (P = 1: its midpoint). No overflow: width < 2^31 and 16 · ceil(width / 17) < 2^31."""
-    step = (width + P) // (P + 1)
-    j = tl.arange(0, P)[None, :] + 1
-    return base[:, None] + tl.minimum(j * step[:, None], width[:, None])
+def probes(lo_b, hi_b, FIRST: tl.constexpr, P: tl.constexpr):
+    """A step's probe bit patterns as a column: [R, 1] for P = 1 (each row's midpoint: plain bisection), [P, 1]
+    for P > 1 (one row). FIRST: a smallest-true search over [lo, hi]; else a largest-true one over (lo, hi], lo
+    known true. Probe j is base + min((j + 1) · ceil(w / (P + 1)), w): the interval's w entries in P + 1 parts
+    (no overflow: w < 2^31 and 16 · ceil(w / 17) < 2^31)."""
+    if FIRST:
+        base = lo_b - 1
+        w = tl.maximum(hi_b - lo_b + 1, 0)
+    else:
+        base = lo_b
+        w = tl.maximum(hi_b - lo_b, 0)
+    step = (w + P) // (P + 1)
+    return base[:, None] + tl.minimum((tl.arange(0, P)[:, None] + 1) * step[:, None], w[:, None])
 
 
 @triton.jit
-def pick(p, i, P: tl.constexpr):
-    """[R]: p[r, i[r]] (0 where i[r] is outside [0, P))."""
-    return tl.sum(tl.where(tl.arange(0, P)[None, :] == i[:, None], p, 0), 1)
-
-
-@triton.jit
-def narrow_first(lo_b, hi_b, p, true, P: tl.constexpr):
-    """Smallest-true search (true monotone false → true over ascending probes p): the new [lo, hi]."""
-    f = P - tl.sum(true.to(tl.int32), 1)  # probes that are false: a prefix
-    return tl.where(f == 0, lo_b, pick(p, f - 1, P) + 1), tl.where(f == P, hi_b, pick(p, f, P))
-
-
-@triton.jit
-def narrow_last(lo_b, hi_b, p, true, P: tl.constexpr):
-    """Largest-true search (true monotone true → false over ascending probes p, lo known true): new [lo, hi]."""
-    t = tl.sum(true.to(tl.int32), 1)  # probes that are true: a prefix
-    return tl.where(t == 0, lo_b, pick(p, t - 1, P)), tl.where(t == P, hi_b, pick(p, t, P) - 1)
+def narrow(lo_b, hi_b, p, true, FIRST: tl.constexpr, P: tl.constexpr):
+    """The new [lo, hi] from probes p (probes' column) and whether each holds (true: [R] or [P]), monotone over
+    the ascending probes: false → true for FIRST (smallest-true), true → false otherwise (largest-true)."""
+    if P == 1:
+        mid = tl.reshape(p, [p.shape[0]])
+        if FIRST:
+            return tl.where(true, lo_b, mid + 1), tl.where(true, mid, hi_b)
+        else:
+            return tl.where(true, mid, lo_b), tl.where(true, hi_b, mid - 1)
+    else:
+        j = tl.arange(0, P)[:, None]
+        t = tl.sum(true.to(tl.int32), 0)  # how many hold: a suffix (FIRST) or a prefix of the probes
+        if FIRST:
+            f = P - t
+            return (tl.where(f == 0, lo_b, tl.sum(tl.where(j == f - 1, p, 0)) + 1),
+                    tl.where(f == P, hi_b, tl.sum(tl.where(j == f, p, 0))))
+        else:
+            return (tl.where(t == 0, lo_b, tl.sum(tl.where(j == t - 1, p, 0))),
+                    tl.where(t == P, hi_b, tl.sum(tl.where(j == t, p, 0)) - 1))
 
 
 @triton.jit
@@ -76,15 +85,14 @@ def kth_smallest(ptr, base, lo, m, cnt, k, last, wlast, wdiv, C: tl.constexpr, P
     hi_b = tl.zeros_like(k) + INF_BITS
     top = tl.max(cnt, 0)
     for _ in range(steps(P)):
-        mid = probes(lo_b - 1, hi_b - lo_b + 1, P)
-        below = tl.zeros_like(mid)
+        mid = probes(lo_b, hi_b, True, P)
+        below = tl.zeros([mid.shape[0]], tl.int32)
         t0 = 0
         while t0 < top:
             x, ok = load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C)
-            hit = ok[:, None, :] & (x.to(tl.int32, bitcast=True)[:, None, :] <= mid[:, :, None])
-            below += tl.sum(hit.to(tl.int32), 2)
+            below += tl.sum((ok & (x.to(tl.int32, bitcast=True) <= mid)).to(tl.int32), 1)
             t0 += C
-        lo_b, hi_b = narrow_first(lo_b, hi_b, mid, below >= k[:, None] + 1, P)
+        lo_b, hi_b = narrow(lo_b, hi_b, mid, below >= k + 1, True, P)
     return hi_b.to(tl.float32, bitcast=True)
 
 
@@ -96,15 +104,14 @@ def mass_threshold(ptr, base, lo, m, cnt, need, last, wlast, wdiv, C: tl.constex
     hi_b = tl.zeros_like(cnt) + INF_BITS
     top = tl.max(cnt, 0)
     for _ in range(steps(P)):
-        mid = probes(lo_b, hi_b - lo_b, P)
-        mass = tl.zeros(mid.shape, tl.float32)
+        mid = probes(lo_b, hi_b, False, P)
+        mass = tl.zeros([mid.shape[0]], tl.float32)
         t0 = 0
         while t0 < top:
             x, ok = load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C)
-            hit = ok[:, None, :] & (x.to(tl.int32, bitcast=True)[:, None, :] >= mid[:, :, None])
-            mass += tl.sum(tl.where(hit, x[:, None, :], 0.0), 2)
+            mass += tl.sum(tl.where(ok & (x.to(tl.int32, bitcast=True) >= mid), x, 0.0), 1)
             t0 += C
-        lo_b, hi_b = narrow_last(lo_b, hi_b, mid, mass >= need[:, None], P)
+        lo_b, hi_b = narrow(lo_b, hi_b, mid, mass >= need, False, P)
     return lo_b.to(tl.float32, bitcast=True)
 
 
@@ -139,17 +146,16 @@ def kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, k, C: tl.constexpr, P: tl.
     one = zero + 1.0
     top = tl.max(m, 0)
     for _ in range(steps(P)):
-        mid = probes(lo_b - 1, hi_b - lo_b + 1, P)
-        below = tl.zeros_like(mid)
+        mid = probes(lo_b, hi_b, True, P)
+        below = tl.zeros([mid.shape[0]], tl.int32)
         t0 = 0
         while t0 < top:
             rank, ok = load_rows(rank_ptr, base, lo, m, m, none, one, 1.0, t0, C)
             mass, mass_ok = load_rows(mass_ptr, base, lo, m, m, none, one, 1.0, t0, C)  # ok == mass_ok
-            kept = ok & keep_rule(rank, mass, gt, ge, zero)
-            hit = kept[:, None, :] & (mass.to(tl.int32, bitcast=True)[:, None, :] <= mid[:, :, None])
-            below += tl.sum(hit.to(tl.int32), 2)
+            hit = ok & keep_rule(rank, mass, gt, ge, zero) & (mass.to(tl.int32, bitcast=True) <= mid)
+            below += tl.sum(hit.to(tl.int32), 1)
             t0 += C
-        lo_b, hi_b = narrow_first(lo_b, hi_b, mid, below >= k[:, None] + 1, P)
+        lo_b, hi_b = narrow(lo_b, hi_b, mid, below >= k + 1, True, P)
     return hi_b.to(tl.float32, bitcast=True)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .bisect import INF_BITS, keep_rule, narrow_last, probes, steps, thresholds
+from .bisect import INF_BITS, keep_rule, narrow, probes, steps, thresholds
 from .bounds import chunk_bounds
 from .launch import kernel
 
@@ -24,8 +24,9 @@ from .launch import kernel
 @triton.jit
 def _keep_blocks(mass_ptr, score_ptr, base, lo, hi, always_hi, nb, width_last, kappa, quantile, gamma,
                  min_blocks, max_blocks, keep_ptr, BLOCK, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr,
-                 C: tl.constexpr, P: tl.constexpr):
-    """Keep map (int8, 1 = kept) of one head's blocks: [0, always_hi) always, candidates [lo, hi)."""
+                 C: tl.constexpr, P: tl.constexpr, CS: tl.constexpr):
+    """Keep map (int8, 1 = kept) of one head's blocks: [0, always_hi) always, candidates [lo, hi); the threshold
+    searches take CS-wide chunks with P probes a step (bisect)."""
     lo_v = tl.zeros([1], tl.int32) + lo
     m_v = tl.zeros([1], tl.int32) + (hi - lo)
     base_v = tl.zeros([1], tl.int64) + base
@@ -42,7 +43,7 @@ def _keep_blocks(mass_ptr, score_ptr, base, lo, hi, always_hi, nb, width_last, k
         t0 += C
     gt, ge, cap = thresholds(mass_ptr, score_ptr, base_v, lo_v, m_v, all_mass - cand_mass, mass_ptr, lo_v, m_v,
                              m_v, last_v, wl_v, BLOCK * 1.0, kappa, quantile, gamma, min_blocks, max_blocks,
-                             FLOOR, MIN_TOP, C, P)
+                             FLOOR, MIN_TOP, CS, P)
     rank_ptr = score_ptr if FLOOR else mass_ptr
     taken = tl.zeros([1], tl.int32)
     t0 = 0
@@ -175,23 +176,22 @@ def _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, t
 
 @triton.jit
 def _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, coverage, min_blocks,
-          C: tl.constexpr, P: tl.constexpr):
+          C: tl.constexpr, P: tl.constexpr, CS: tl.constexpr):
     """The mass-ordered stop (reference.trim_to_coverage): the largest t, by a search on f32 bits (P probes a
-    step, bisect.narrow_last), under which the kept columns (vsum ≥ t) and offsets (ssum ≥ t) still cover
+    step, bisect.narrow), under which the kept columns (vsum ≥ t) and offsets (ssum ≥ t) still cover
     `coverage` and each keeps min(min_blocks, kept) candidates; then drops the candidates below t from both
-    keep maps."""
+    keep maps (the search in CS-wide chunks, the drop in C-wide ones)."""
     zero_bits = tl.zeros([1], tl.int32)
-    whole = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, zero_bits[:, None], C)
+    whole = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, zero_bits[:, None], CS)
     need_c = tl.minimum(min_blocks, whole[1])
     need_o = tl.minimum(min_blocks, whole[2])
     lo_b = zero_bits
     hi_b = zero_bits + INF_BITS
     for _ in range(steps(P)):
-        mid = probes(lo_b, hi_b - lo_b, P)  # [1, P]
-        covered, n_c, n_o = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo,
-                                     tl.reshape(mid, [P, 1]), C)
+        mid = probes(lo_b, hi_b, False, P)  # [P, 1]
+        covered, n_c, n_o = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, mid, CS)
         holds = (covered >= coverage) & (n_c >= need_c) & (n_o >= need_o)
-        lo_b, hi_b = narrow_last(lo_b, hi_b, mid, tl.reshape(holds, [1, P]), P)
+        lo_b, hi_b = narrow(lo_b, hi_b, mid, holds, False, P)
     tl.debug_barrier()
     t0 = 0
     while t0 < nb:
@@ -230,15 +230,16 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, cu_k_ptr, keep_
     s_hi = nb
     if SINK > 0:
         s_hi = tl.maximum(s_lo, nb - 1 - SINK)
-    P: tl.constexpr = 16 if C <= 256 else 1  # search probes a step (bisect): 4× fewer passes while C is small
+    P: tl.constexpr = 16 if C <= 128 else 1  # search probes a step (bisect): 4× fewer passes over a short row
+    CS: tl.constexpr = 64 if C == 128 else C  # the searches' chunk: [16, 128] tiles spill (ptxas), [16, 64] fit
     c_struct = -1.0
     kappa_j = kappa
     j = 0
     while (j < steps) & (c_struct < coverage):  # kappa halves while the selection's C_struct < coverage
         _keep_blocks(vsum_ptr, vmax_ptr, base, v_lo, v_hi, v_lo, nb, width_last, kappa_j, quantile, gamma,
-                     min_blocks, max_blocks, keep_c_ptr, BLOCK, FLOOR, MIN_TOP, C, P)
+                     min_blocks, max_blocks, keep_c_ptr, BLOCK, FLOOR, MIN_TOP, C, P, CS)
         _keep_blocks(ssum_ptr, smax_ptr, base, s_lo, s_hi, s_lo, nb, width_last, kappa_j, quantile, gamma,
-                     min_blocks, max_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C, P)
+                     min_blocks, max_blocks, keep_o_ptr, BLOCK, FLOOR, MIN_TOP, C, P, CS)
         tl.debug_barrier()
         c_struct = _diagonals_cstruct(keep_c_ptr, keep_o_ptr, keep_d_ptr, vsum_ptr, base, nb, C)
         kappa_j = kappa_j * 0.5
@@ -246,7 +247,7 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, cu_k_ptr, keep_
     tl.store(route_ptr + row, tl.where(c_struct >= tau, 1, 2))  # decided before the trim
     if FLOOR:
         if (coverage > 0) & (c_struct >= coverage):
-            _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, coverage, min_blocks, C, P)
+            _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, coverage, min_blocks, C, P, CS)
             tl.debug_barrier()
             _diagonals(keep_o_ptr, keep_d_ptr, base, nb, C)
     tl.store(ncols_ptr + row, _compact(keep_c_ptr, base, nb, cols_ptr, row.to(tl.int64) * MAXC, C))

@@ -2,8 +2,9 @@
 
 Grid (NB, H, S): program (qb, h, s) takes the chunk's rows in query block qb of head h, and per row the softmax
 over key blocks j ≤ qb of q_i · k̄_j · scale against the pooled keys (pool's fp32 means; one tf32 tensor-core
-tile per KC key blocks, two passes: row max and sum, then the shares). It writes spikes[s, h, qb, kb] = 1 for
-every earlier block kb < qb some row gives more than `spike`, 0 for the others; select adds them to the lists.
+tile per KC key blocks, two passes: row max and sum, then each share's log against log(spike)). It writes
+spikes[s, h, qb, kb] = 1 for every earlier block kb < qb some row gives more than `spike`, 0 for the others;
+select adds them to the lists.
 Cost ≈ 2/B of dense attention's.
 """
 from __future__ import annotations
@@ -41,12 +42,12 @@ def spike_kernel(q_ptr, cu_ptr, cu_k_ptr, pk_ptr, spk_ptr, sm_scale, spike, dens
         m_new = tl.maximum(m, tl.max(z, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new[:, None]), 1)
         m = m_new
-    inv = 1.0 / l
+    lse = m + tl.log(l)  # share exp(z − lse) > spike ⟺ z − lse > log(spike): the second pass needs no exp
+    log_spike = tl.log(spike)
     out = spk_ptr + ((s * H + h).to(tl.int64) * NB + qb) * NB
-    for kb0 in range(0, qb, KC):  # each earlier block's largest share over the rows
+    for kb0 in range(0, qb, KC):  # each earlier block's largest log-share over the rows
         kb = kb0 + tl.arange(0, KC)
         pk = tl.load(pk_ptr + (k_rows + kb * HK)[:, None] * D + d[None, :], mask=(kb < qb)[:, None], other=0.0)
-        z = tl.dot(q, tl.trans(pk)) * sm_scale
-        p = tl.exp(z - m[:, None]) * inv[:, None]
-        p = tl.where(valid[:, None] & (kb < qb)[None, :], p, 0.0)
-        tl.store(out + kb, (tl.max(p, 0) > spike).to(tl.int8), mask=kb < qb)
+        z = tl.dot(q, tl.trans(pk)) * sm_scale - lse[:, None]
+        z = tl.where(valid[:, None] & (kb < qb)[None, :], z, float("-inf"))
+        tl.store(out + kb, (tl.max(z, 0) > log_spike).to(tl.int8), mask=kb < qb)
