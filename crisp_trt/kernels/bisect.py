@@ -9,8 +9,8 @@ position `last[r]` is divided by `wlast[r]` and every other by `wdiv` (block wid
 
 P (a constexpr, 1 or 16) is the number of probes per step: P = 1 is plain bisection (31 steps, one pass
 over the rows each); P = 16 (one row only) splits the interval into 17 parts per pass (8 steps: 4× fewer
-passes for route's one program per head, whose passes are a latency chain, at 16× the compares per
-pass). Both find the same bit pattern.
+serial passes for route's one program per head, at 16× the compares per pass). Both find the same bit
+pattern.
 """
 from __future__ import annotations
 
