@@ -21,8 +21,9 @@ INF_BITS = tl.constexpr(0x7F800000)  # bit pattern of +inf
 
 
 @triton.jit
-def steps(P: tl.constexpr):
+def search_steps(P: tl.constexpr):
     """Search steps that narrow [0, +inf]'s 2^31 bit patterns to one with P probes a step (P ∈ {1, 16})."""
+    tl.static_assert((P == 1) | (P == 16), "bisect: P (probes a step) must be 1 or 16")
     if P == 1:
         return 31
     else:
@@ -56,6 +57,7 @@ def narrow(lo_b, hi_b, p, true, FIRST: tl.constexpr, P: tl.constexpr):
         else:
             return tl.where(true, mid, lo_b), tl.where(true, hi_b, mid - 1)
     else:
+        tl.static_assert(lo_b.shape[0] == 1, "bisect: P > 1 probes search one row")
         j = tl.arange(0, P)[:, None]
         t = tl.sum(true.to(tl.int32), 0)  # how many hold: a suffix (FIRST) or a prefix of the probes
         if FIRST:
@@ -84,7 +86,7 @@ def kth_smallest(ptr, base, lo, m, cnt, k, last, wlast, wdiv, C: tl.constexpr, P
     lo_b = tl.zeros_like(k)
     hi_b = tl.zeros_like(k) + INF_BITS
     top = tl.max(cnt, 0)
-    for _ in range(steps(P)):
+    for _ in range(search_steps(P)):
         mid = probes(lo_b, hi_b, True, P)
         below = tl.zeros([mid.shape[0]], tl.int32)
         t0 = 0
@@ -103,7 +105,7 @@ def mass_threshold(ptr, base, lo, m, cnt, need, last, wlast, wdiv, C: tl.constex
     lo_b = tl.zeros_like(cnt)
     hi_b = tl.zeros_like(cnt) + INF_BITS
     top = tl.max(cnt, 0)
-    for _ in range(steps(P)):
+    for _ in range(search_steps(P)):
         mid = probes(lo_b, hi_b, False, P)
         mass = tl.zeros([mid.shape[0]], tl.float32)
         t0 = 0
@@ -145,7 +147,7 @@ def kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, k, C: tl.constexpr, P: tl.
     zero = tl.zeros_like(gt)
     one = zero + 1.0
     top = tl.max(m, 0)
-    for _ in range(steps(P)):
+    for _ in range(search_steps(P)):
         mid = probes(lo_b, hi_b, True, P)
         below = tl.zeros([mid.shape[0]], tl.int32)
         t0 = 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .bisect import INF_BITS, keep_rule, narrow, probes, steps, thresholds
+from .bisect import INF_BITS, keep_rule, narrow, probes, search_steps, thresholds
 from .bounds import chunk_bounds
 from .launch import kernel
 
@@ -187,7 +187,7 @@ def _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, cove
     need_o = tl.minimum(min_blocks, whole[2])
     lo_b = zero_bits
     hi_b = zero_bits + INF_BITS
-    for _ in range(steps(P)):
+    for _ in range(search_steps(P)):
         mid = probes(lo_b, hi_b, False, P)  # [P, 1]
         covered, n_c, n_o = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, mid, CS)
         holds = (covered >= coverage) & (n_c >= need_c) & (n_o >= need_o)

@@ -5,12 +5,12 @@
     SPIKE=0 SHAPE=qwen python3 scripts/probes/profile_plan.py 16384 32768   # without select's spike stage
     OPTIONS="shipped;route=1;estimate_mass=4/2" python3 scripts/probes/profile_plan.py 8192   # launch options
 
-Prints, per n, each kernel's mean time over 5 runs and its share; writes $OUT/profile_<n>.json. OPTIONS lists
-settings separated by ";", each "shipped" or comma-separated stage=num_warps[/num_stages] overrides of
-launch.options (a measurement before changing the launch rule); every setting's plan (list lengths, keep
-maps, routes) is checked equal to the first's and its C_struct gap printed (launch options change only the
-order of float sums). PLAN_DIR=dir saves each n's plan there (torch.save)
-to compare two versions of the kernels run on the same seeded inputs.
+Prints, per n, each kernel's mean time over 5 runs and its share; writes
+$OUT/profile_<shape>_<n>[_nospike][_<setting>].json. OPTIONS lists settings separated by ";", each "shipped"
+or comma-separated stage=num_warps[/num_stages] overrides of launch.options (a measurement before changing the
+launch rule); every setting's plan (list lengths, keep maps, routes) is checked equal to the first's and its
+C_struct gap printed (launch options change only the order of float sums). PLAN_DIR=dir saves each plan there
+(torch.save, named like the JSON) to compare two versions of the kernels run on the same seeded inputs.
 """
 from __future__ import annotations
 
@@ -34,22 +34,25 @@ RUNS = 5
 CONFIG = CrispConfig(**({"spike": float(os.environ["SPIKE"])} if "SPIKE" in os.environ else {}))  # SPIKE=0: no spike stage
 
 
+SHIPPED = launch.options
+PLAN = ("estimate_partial", "estimate_mass", "slash_reduce", "pool", "route", "route_jsd", "spike", "select")
+STAGES = PLAN + ("attend", "poison_scan", "poison_apply")
+
+
 def override(setting: str) -> None:
     """Launch with `setting`'s options ("shipped", or "stage=warps[/stages],...") from now on."""
     over = {}
     for item in [] if setting == "shipped" else filter(None, setting.split(",")):
         stage, _, value = item.partition("=")
         warps, _, stages = value.partition("/")
+        if stage.strip() not in STAGES or not warps.isdigit() or not (stages.isdigit() or stages == ""):
+            raise SystemExit(f"OPTIONS: {item!r}: expected stage=warps[/stages] with a stage in {', '.join(STAGES)}")
         over[stage.strip()] = {"num_warps": int(warps), **({"num_stages": int(stages)} if stages else {})}
     launch.options = lambda stage, *a, **kw: {**SHIPPED(stage, *a, **kw), **over.get(stage, {})}
     launch._COMPILED.clear()
 
 
-SHIPPED = launch.options
-PLAN = ("estimate_partial", "estimate_mass", "slash_reduce", "pool", "route", "route_jsd", "spike", "select")
-
-
-def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float], tuple]:
+def kernel_times(n: int, cfg: CrispConfig, name: str) -> tuple[float, dict[str, float], tuple]:
     """(wall ms per call, {kernel: mean GPU ms per call}, the plan: list lengths, keep maps, routes, C_struct)."""
     q, k, v = (t[0] for t in synthetic_qkv(n, H, HKV, D, dtype=torch.bfloat16, device="cuda"))
     cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
@@ -76,7 +79,8 @@ def kernel_times(n: int, cfg: CrispConfig) -> tuple[float, dict[str, float], tup
             times[e.key[:60]] = e.device_time_total / RUNS / 1e3
     plan = tuple(t.clone() for t in (st.ncols, st.ndists, st.counts, st.columns, st.distances, st.route_, st.c_struct))
     if os.environ.get("PLAN_DIR"):  # to compare two versions of the kernels: the same synthetic inputs each run
-        torch.save([t.cpu() for t in plan], os.path.join(os.environ["PLAN_DIR"], f"{SHAPE}_{n}.pt"))
+        os.makedirs(os.environ["PLAN_DIR"], exist_ok=True)
+        torch.save([t.cpu() for t in plan], os.path.join(os.environ["PLAN_DIR"], f"{name}.pt"))
     return wall, dict(sorted(times.items(), key=lambda kv: -kv[1])), plan
 
 
@@ -84,17 +88,18 @@ def main() -> None:
     lengths = [int(a) for a in sys.argv[1:]] or [131072]
     out = os.environ.get("OUT", "/tmp/crisp_profile")
     os.makedirs(out, exist_ok=True)
-    settings = [v.strip() for v in os.environ.get("OPTIONS", "shipped").split(";")]
+    settings = [v.strip() for v in os.environ.get("OPTIONS", "shipped").split(";") if v.strip()]
     for n in lengths:
         first = None
         for setting in settings:
             override(setting)
-            wall, times, plan = kernel_times(n, CONFIG)
+            tag = "" if setting == "shipped" else "_" + setting.replace("=", "").replace("/", "s").replace(",", "_")
+            name = f"profile_{SHAPE}_{n}{'' if CONFIG.spike else '_nospike'}{tag}"
+            wall, times, plan = kernel_times(n, CONFIG, name)
             first = first or plan
             same = all(torch.equal(a, b) for a, b in zip(first[:-1], plan[:-1]))
             c_gap = (first[-1] - plan[-1]).abs().max().item()
-            tag = "" if setting == "shipped" else "_" + setting.replace("=", "").replace("/", "s").replace(",", "_")
-            with open(os.path.join(out, f"profile_{SHAPE}_{n}{'' if CONFIG.spike else '_nospike'}{tag}.json"), "w") as f:
+            with open(os.path.join(out, f"{name}.json"), "w") as f:
                 json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "device": torch.cuda.get_device_name(),
                            "options": setting, "plan_equal_to_first": same, "c_struct_gap": c_gap, "wall_ms": wall,
                            "ms": times}, f, indent=1)
@@ -104,7 +109,7 @@ def main() -> None:
                 + f"; plan equal to first: {same}, C_struct gap {c_gap:.1e}")
         override("shipped")
         total = sum(times.values())  # the last setting's
-        print(f"{SHAPE} n={n}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
+        print(f"{SHAPE} n={n} {setting}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
         for name, ms in times.items():
             print(f"  {ms:9.3f} ms {100 * ms / total:5.1f}%  {name}")
 
