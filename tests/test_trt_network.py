@@ -2,7 +2,8 @@
 with packed varlen inputs and a profile up to 128k tokens, built and serialised, the builder's asks against the
 plugin's answers (scripts/device/gpu_trt_rtx.py); and the exported prefill graph parsed with a plugin layer per
 attention layer. Runs where a builder (with full TensorRT: and a CUDA GPU; TensorRT-RTX builds on the CPU) and
-the built plugin library are present; skips otherwise, saying which is missing. Each build runs in a child process (a library abort is reported as a failure)."""
+the built plugin library are present; skips otherwise, saying which is missing. Each build runs in a child
+process (a library abort is reported as a failure)."""
 import json
 import subprocess
 import sys

@@ -58,15 +58,18 @@ def narrow(lo_b, hi_b, p, true, FIRST: tl.constexpr, P: tl.constexpr):
             return tl.where(true, mid, lo_b), tl.where(true, hi_b, mid - 1)
     else:
         tl.static_assert(lo_b.shape[0] == 1, "bisect: P > 1 probes search one row")
-        j = tl.arange(0, P)[:, None]
         t = tl.sum(true.to(tl.int32), 0)  # how many hold: a suffix (FIRST) or a prefix of the probes
         if FIRST:
             f = P - t
-            return (tl.where(f == 0, lo_b, tl.sum(tl.where(j == f - 1, p, 0)) + 1),
-                    tl.where(f == P, hi_b, tl.sum(tl.where(j == f, p, 0))))
+            return tl.where(f == 0, lo_b, _probe(p, f - 1, P) + 1), tl.where(f == P, hi_b, _probe(p, f, P))
         else:
-            return (tl.where(t == 0, lo_b, tl.sum(tl.where(j == t - 1, p, 0))),
-                    tl.where(t == P, hi_b, tl.sum(tl.where(j == t, p, 0)) - 1))
+            return tl.where(t == 0, lo_b, _probe(p, t - 1, P)), tl.where(t == P, hi_b, _probe(p, t, P) - 1)
+
+
+@triton.jit
+def _probe(p, i, P: tl.constexpr):
+    """Probe i of a [P, 1] column (0 for i outside [0, P))."""
+    return tl.sum(tl.where(tl.arange(0, P)[:, None] == i, p, 0))
 
 
 @triton.jit

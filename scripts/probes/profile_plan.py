@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from crisp_trt import CrispConfig
 from crisp_trt.bench.op import SHAPES
-from crisp_trt.kernels import launch
+from crisp_trt.kernels import aot, launch
 from crisp_trt.kernels.pipeline import Stages
 from crisp_trt.workloads.synthetic import synthetic_qkv
 
@@ -35,8 +35,8 @@ CONFIG = CrispConfig(**({"spike": float(os.environ["SPIKE"])} if "SPIKE" in os.e
 
 
 SHIPPED = launch.options
-PLAN = ("estimate_partial", "estimate_mass", "slash_reduce", "pool", "route", "route_jsd", "spike", "select")
-STAGES = PLAN + ("attend", "poison_scan", "poison_apply")
+STAGES = tuple(aot.KERNELS)  # every kernel's stage name (launch.name)
+PLAN = tuple(s for s in STAGES if s != "attend" and not s.startswith("poison"))  # estimate → route → select
 
 
 def override(setting: str) -> None:
@@ -103,10 +103,10 @@ def main() -> None:
                 json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "device": torch.cuda.get_device_name(),
                            "options": setting, "plan_equal_to_first": same, "c_struct_gap": c_gap, "wall_ms": wall,
                            "ms": times}, f, indent=1)
-            plan_ms = sum(ms for k, ms in times.items() if k.split("_kernel")[0] in PLAN)
-            print(f"{SHAPE} n={n} {setting:<28} plan {plan_ms:.4f} ms, " + ", ".join(
-                f"{k.split('_kernel')[0]} {ms:.4f}" for k, ms in times.items() if k.split("_kernel")[0] in PLAN)
-                + f"; plan equal to first: {same}, C_struct gap {c_gap:.1e}")
+            stages = {k.removesuffix("_kernel"): ms for k, ms in times.items() if k.removesuffix("_kernel") in PLAN}
+            print(f"{SHAPE} n={n} {setting:<28} plan {sum(stages.values()):.4f} ms, "
+                  + ", ".join(f"{k} {ms:.4f}" for k, ms in stages.items())
+                  + f"; plan equal to first: {same}, C_struct gap {c_gap:.1e}")
         override("shipped")
         total = sum(times.values())  # the last setting's
         print(f"{SHAPE} n={n} {setting}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
