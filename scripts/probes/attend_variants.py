@@ -14,7 +14,6 @@ the shipped cached launch does not), divided. Prints a table; writes $OUT/attend
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -22,13 +21,12 @@ import tempfile
 from pathlib import Path
 
 import torch
+import triton
 
 from crisp_trt.bench.op import SHAPES, dense_fn, median_ms
 from crisp_trt.lengths import parse_length
+from variants import variant_module
 
-SOURCE = Path(__file__).resolve().parents[2] / "crisp_trt/kernels/attend.py"
-IMPORTS = [("from .bounds import", "from crisp_trt.kernels.bounds import"),
-           ("from .launch import", "from crisp_trt.kernels.launch import")]
 FORWARD = [("    qb = NQB - 1 - tl.program_id(0)", "    qb = tl.program_id(0)")]  # the shipped order is reversed
 HALVES = [("""    rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
@@ -43,6 +41,28 @@ HALVES = [("""    rows = tl.arange(0, BLOCK)
     kv_off += (BLOCK // 2) * HK * D
     return _attend_block(""")]
 WS = [("for i in tl.range(0, count):", "for i in tl.range(0, count, warp_specialize=True):")]
+TMA = [("""    kb = tl.maximum(tl.minimum(kb, qb - 1), 0)
+    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    k_pos = kb * BLOCK + rows
+    kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
+    return _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
+                         v_ptr + kv_off[:, None] + cols[None, :], None, None, qk_scale, False)""",
+        """    kb = tl.maximum(tl.minimum(kb, qb - 1), 0)
+    k = k_ptr.load([start + kb * BLOCK, hk * D])
+    s = tl.dot(q, tl.trans(k))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    v = v_ptr.load([start + kb * BLOCK, hk * D])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i"""),
+       ("    HK = H // G\n", """    HK = H // G
+    k_desc = tl.make_tensor_descriptor(k_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
+    v_desc = tl.make_tensor_descriptor(v_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
+"""),
+       ("qb, k_ptr, v_ptr,\n", "qb, k_desc, v_desc,\n")]  # listed K / V blocks through TMA descriptors
 LAUNCHES = 5
 VARIANTS = {  # name: (substitutions, num_warps, num_stages); "base" is the shipped kernel and options
     "base": ([], None, None),
@@ -56,21 +76,12 @@ VARIANTS = {  # name: (substitutions, num_warps, num_stages); "base" is the ship
     "halves_forward_w4s3": (HALVES + FORWARD, 4, 3),
     "halves_w8s3": (HALVES, 8, 3),
     "ws_w4s2": (WS, 4, 2),
+    "tma": (TMA, None, None),
+    "tma_w4s3": (TMA, 4, 3),
+    "tma_w8s3": (TMA, 8, 3),
+    "tma_ws": (TMA + WS, None, None),
+    "tma_ws_w4s2": (TMA + WS, 4, 2),
 }
-
-
-def variant_module(name: str, subs, tmp: Path):
-    text = SOURCE.read_text()
-    for old, new in IMPORTS + subs:
-        if old not in text:
-            raise SystemExit(f"variant {name}: {old!r} not in attend.py (the kernel changed: update the probe)")
-        text = text.replace(old, new)
-    path = tmp / f"attend_{name}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"attend_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def lists(nb: int, heads: int, fraction: float, seed: int = 0):
@@ -98,12 +109,13 @@ def main() -> None:
     args = ap.parse_args()
     from crisp_trt.kernels.launch import options
 
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))  # TMA
     tmp = Path(tempfile.mkdtemp())
     names = args.variants.split(",")
     unknown = [v for v in names if v not in VARIANTS]
     if unknown or names[0] != "base":
         raise SystemExit(f"--variants: {unknown or names}: expected 'base' first, then any of {', '.join(VARIANTS)}")
-    mods = {name: variant_module(name, VARIANTS[name][0], tmp) for name in names}
+    mods = {name: variant_module("attend", name, VARIANTS[name][0], tmp) for name in names}
     rows, block = [], 128
     for shape in args.shapes.split(","):
         heads, kv, d = SHAPES[shape]
