@@ -105,8 +105,8 @@ def is_rtx(trt) -> bool:
 def rtx_parser_link(libs_dir: Path | None = None) -> Path | None:
     """TensorRT-RTX 1.7's ONNX parser reaches addPluginV3 by dlopen("libtensorrt_rtx.so") through its $ORIGIN
     rpath and std::terminates when that fails; the PyPI libs wheel (tensorrt_rtx_libs) ships only
-    libtensorrt_rtx.so.1. Adds the unversioned link beside it (an SDK install has it already) and returns its path;
-    None where there is no such wheel."""
+    libtensorrt_rtx.so.1. Adds the unversioned link beside it (an SDK install has it already; a dangling one is
+    replaced) and returns its path; None where there is no such wheel."""
     if libs_dir is None:
         try:
             libs_dir = Path(importlib.import_module("tensorrt_rtx_libs").__file__).parent
@@ -118,6 +118,8 @@ def rtx_parser_link(libs_dir: Path | None = None) -> Path | None:
     if not target.exists():
         return None
     try:
+        if link.is_symlink():  # dangling (its target moved or was removed): replace it
+            link.unlink()
         link.symlink_to(target.name)
     except FileExistsError:
         pass  # another process made it

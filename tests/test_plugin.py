@@ -179,12 +179,15 @@ def test_load_twice_keeps_the_creator(tmp_path):
 
 def test_rtx_parser_link(tmp_path, monkeypatch):
     """TensorRT-RTX's parser dlopens the unversioned libtensorrt_rtx.so, which the libs wheel lacks: the link is
-    made beside libtensorrt_rtx.so.1, kept when present, and a read-only folder gives an error saying what to run."""
+    made beside libtensorrt_rtx.so.1, kept when present, replaced when dangling, and a read-only folder gives an error saying what to run."""
     assert plugin.rtx_parser_link(tmp_path) is None  # no RTX library here: nothing to link
     (tmp_path / "libtensorrt_rtx.so.1").write_bytes(b"lib")
     link = plugin.rtx_parser_link(tmp_path)
     assert link == tmp_path / "libtensorrt_rtx.so" and link.is_symlink() and link.read_bytes() == b"lib"
     assert plugin.rtx_parser_link(tmp_path) == link  # idempotent
+    link.unlink()
+    link.symlink_to("libtensorrt_rtx.so.0")  # dangling: replaced, not returned as it is
+    assert plugin.rtx_parser_link(tmp_path) == link and link.read_bytes() == b"lib"
     other = tmp_path / "other"
     other.mkdir()
     (other / "libtensorrt_rtx.so.1").write_bytes(b"lib")
