@@ -256,6 +256,7 @@ enum CrispBuffer : int32_t
     kCRISP_BUFFER_SMAX,
     kCRISP_BUFFER_POOLED_Q,
     kCRISP_BUFFER_POOLED_K,
+    kCRISP_BUFFER_POOLED_K_IN,
     kCRISP_BUFFER_COLS,
     kCRISP_BUFFER_DISTS,
     kCRISP_BUFFER_NCOLS,
@@ -345,6 +346,8 @@ inline CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& p, int64_t s
     at = crispAddBytes(at, crispBufferBytes({S, z.nb, H, D}, 4));
     w.offset[kCRISP_BUFFER_POOLED_K] = at;
     at = crispAddBytes(at, crispBufferBytes({S, z.nb, HK, D}, 4));
+    w.offset[kCRISP_BUFFER_POOLED_K_IN] = at;
+    at = crispAddBytes(at, crispBufferBytes({S, z.nb, HK, D}, 4));
     w.offset[kCRISP_BUFFER_COLS] = at;
     at = crispAddBytes(at, crispBufferBytes({S, H, z.maxc}, 4));
     w.offset[kCRISP_BUFFER_DISTS] = at;
@@ -427,7 +430,7 @@ struct CrispTensors
     void const* cuSeqlensK;
     void* lse;
 };
-constexpr int32_t kCRISP_NB_ARGS = 71;
+constexpr int32_t kCRISP_NB_ARGS = 72;
 
 //! Every kernel argument of one enqueue, by name: the tensors, the workspace buffers, Triton's hidden
 //! pointers (null), the scalars and the variant constexprs (contract.py's tables).
@@ -454,6 +457,7 @@ inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p
         {"s_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_S_MASS], 0, 0.F},
         {"pq_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_POOLED_Q], 0, 0.F},
         {"pk_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_POOLED_K], 0, 0.F},
+        {"pk_in_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_POOLED_K_IN], 0, 0.F},
         {"keep_c_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_COLUMNS], 0, 0.F},
         {"keep_o_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_OFFSETS], 0, 0.F},
         {"keep_d_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_DISTANCES], 0, 0.F},

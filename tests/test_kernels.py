@@ -71,6 +71,10 @@ def test_estimate_matches_reference(device, lens, window, block):
             assert torch.allclose(g[s, :, :m].cpu(), w, atol=2e-3, rtol=2e-2)
         pooled = reference.pool_blocks(q[a:b], block)
         assert torch.allclose(st.pooled_q[s, :m].cpu(), pooled, atol=1e-4)
+        pooled_k = reference.pool_blocks(k[a:b], block)
+        assert torch.allclose(st.pooled_k[s, :m].cpu(), pooled_k, atol=1e-4)
+        assert st.pooled_k_in.dtype == q.dtype  # spike's operands: pooled_k rounded to q's dtype
+        assert torch.equal(st.pooled_k_in[s, :m].cpu(), st.pooled_k[s, :m].cpu().to(q.dtype))
 
 
 BASE = CrispConfig(block_size=64, dense_below=0, min_budget=128, max_budget=512, spike=0.0)  # spike: its own cases
@@ -278,8 +282,12 @@ def test_chunk_dense_equivalent_is_dense_and_poison(device):
 @pytest.mark.parametrize("dtype,block", [(torch.float16, 64), (torch.bfloat16, 128)])
 def test_spike_map_matches_reference(device, dtype, block):
     """spike.py's map equals reference.spikes wherever the reference's share is not within 1e-3 of the threshold
-    (tf32 logits), on varlen chunks; no spike is flagged at or above the diagonal of what select reads."""
+    (16-bit dot operands: the pooled keys rounded to q's dtype), on varlen chunks; no spike is flagged at or above
+    the diagonal of what select reads."""
     from crisp_trt.kernels.pipeline import Stages
+
+    if device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("bf16 gives garbage in the Triton 3.6 interpreter (numpy has no bf16); checked on GPU")
 
     cfg = BASE.replace(block_size=block, spike=0.08)
     lens_q, lens_k = [500, 260], [700, 260]

@@ -35,7 +35,8 @@ def test_workspace_layout(seqs, heads, kv_heads, d, tokens, cfg):
     end, zero_end = 0, 0
     for name, (offset, shape, dtype) in ws.layout.items():
         assert offset % launch.ALIGN == 0 and offset >= end, name
-        nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
+        element = torch.float32 if dtype == "input" else getattr(torch, dtype)  # input: q's dtype, f32 at most
+        nbytes = math.prod(shape) * element.itemsize
         end = offset + nbytes
         if name in launch.ZEROED:
             assert offset < ws.zeroed and end <= ws.zeroed, name

@@ -54,7 +54,7 @@ DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128, 256)
 AXES = {"BLOCK": (64, 128), "L": (16, 32, 64, 128), "C": tuple(16 << i for i in range(7)), "FLOOR": (False, True),
         "MIN_TOP": (False, True)}  # flags are bools, as the torch launcher passes them
-ELEMENT = {"q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "o_ptr": "T",
+ELEMENT = {"q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "o_ptr": "T", "pk_in_ptr": "T",  # T: q's dtype
            "keep_c_ptr": "i8", "keep_o_ptr": "i8", "keep_d_ptr": "i8", "spk_ptr": "i8",
            "cu_ptr": "i32", "cu_k_ptr": "i32", "idx_ptr": "i32", "cnt_ptr": "i32", "dense_ptr": "i32", "cols_ptr": "i32",
            "ncols_ptr": "i32", "dists_ptr": "i32", "ndists_ptr": "i32", "route_ptr": "i32", "counts_ptr": "i32",

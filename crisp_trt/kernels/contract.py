@@ -123,6 +123,7 @@ BUFFERS = (
     ("smax", ("S", "H", "nb"), "float32", False),
     ("pooled_q", ("S", "nb", "H", "D"), "float32", False),
     ("pooled_k", ("S", "nb", "HK", "D"), "float32", False),
+    ("pooled_k_in", ("S", "nb", "HK", "D"), "input", False),  # pooled_k in q's dtype: spike's dot operands
     ("cols", ("S", "H", "maxc"), "int32", False),
     ("dists", ("S", "H", "maxd"), "int32", False),
     ("ncols", ("S", "H"), "int32", False),
@@ -134,7 +135,7 @@ BUFFERS = (
     ("spikes", ("S", "H", "nb if spike > 0 else 1", "nb if spike > 0 else 1"), "int8", False),  # spike → select
     ("idx", ("S", "H", "nb", "maxk"), "int32", False),
 )
-ITEMSIZE = {"float32": 4, "int32": 4, "int8": 1}
+ITEMSIZE = {"float32": 4, "int32": 4, "int8": 1, "input": 4}  # input: q's dtype (fp16 / bf16; f32 under the interpreter)
 
 # Launch order: (stage, grid, condition). The stage is the kernel's name less `_kernel`.
 LAUNCHES = (
@@ -157,8 +158,8 @@ INPUT_POINTERS = {"q_ptr": "q", "k_ptr": "k", "v_ptr": "v", "o_ptr": "out", "cu_
                   "cu_k_ptr": "cu_seqlens_k", "lse_ptr": "lse"}
 BUFFER_POINTERS = {
     "part_m_ptr": "part_m", "part_l_ptr": "part_l", "vsum_ptr": "vsum", "vmax_ptr": "vmax", "ssum_ptr": "ssum",
-    "smax_ptr": "smax", "s_ptr": "s_mass", "pq_ptr": "pooled_q", "pk_ptr": "pooled_k", "keep_c_ptr": "columns",
-    "keep_o_ptr": "offsets", "keep_d_ptr": "distances", "cols_ptr": "cols", "ncols_ptr": "ncols",
+    "smax_ptr": "smax", "s_ptr": "s_mass", "pq_ptr": "pooled_q", "pk_ptr": "pooled_k", "pk_in_ptr": "pooled_k_in",
+    "keep_c_ptr": "columns", "keep_o_ptr": "offsets", "keep_d_ptr": "distances", "cols_ptr": "cols", "ncols_ptr": "ncols",
     "dists_ptr": "dists", "ndists_ptr": "ndists", "cstruct_ptr": "c_struct", "route_ptr": "route",
     "dense_ptr": "dense", "scratch_ptr": "scratch", "spk_ptr": "spikes", "idx_ptr": "idx", "counts_ptr": "counts",
     "cnt_ptr": "counts", "flag_ptr": "poison"}

@@ -19,7 +19,7 @@ import torch
 from ..config import CrispConfig
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
-from .launch import ITEMSIZE, QG, SLASH_ROWS, run, workspace
+from .launch import QG, SLASH_ROWS, run, workspace
 from .poison import poison
 from .pool import pool_kernel
 from .route import route_jsd_kernel, route_kernel
@@ -68,8 +68,9 @@ class Stages:
 
     def _buffer(self, name: str) -> torch.Tensor:
         offset, shape, dtype = self.ws.layout[name]
-        count = math.prod(shape) * ITEMSIZE[dtype]  # the byte sizes Workspace laid the buffers out with
-        return self.memory[offset:offset + count].view(getattr(torch, dtype)).view(shape)
+        element = self.q.dtype if dtype == "input" else getattr(torch, dtype)  # input: q's dtype, at most ITEMSIZE
+        count = math.prod(shape) * element.itemsize
+        return self.memory[offset:offset + count].view(element).view(shape)
 
     def estimate(self):
         """Proxy-map statistics vsum, vmax, ssum, smax [S, H, NB] and the pooled q/k blocks."""
@@ -78,7 +79,7 @@ class Stages:
         self.memory[:self.ws.zeroed].zero_()  # s_mass, the keep maps, counts, the poison flag
         part_m, part_l, s_mass = (self._buffer(n) for n in ("part_m", "part_l", "s_mass"))
         self.vsum, self.vmax, self.ssum, self.smax = (self._buffer(n) for n in ("vsum", "vmax", "ssum", "smax"))
-        self.pooled_q, self.pooled_k = self._buffer("pooled_q"), self._buffer("pooled_k")
+        self.pooled_q, self.pooled_k, self.pooled_k_in = map(self._buffer, ("pooled_q", "pooled_k", "pooled_k_in"))
         args = (self.scale, z.chunk, self.dense_below, self.total, self.total_k)
         tile = dict(L=cfg.window, BLOCK=block, D=d)
         run(estimate_partial_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, *args, heads, g,
@@ -88,8 +89,8 @@ class Stages:
         run(slash_reduce_kernel, (-(-z.nb // SLASH_ROWS), heads, seqs), s_mass, *self.bounds, self.ssum, self.smax,
             self.dense_below, self.total, self.total_k, heads, z.nb, block=block, BLOCK=block)
         run(pool_kernel, (z.nb, heads + self.kv_heads, seqs), q, k, *self.bounds, self.pooled_q, self.pooled_k,
-            self.dense_below, self.total, self.total_k, heads, self.kv_heads, z.nb, block=block, d=d, BLOCK=block,
-            D=d)
+            self.pooled_k_in, self.dense_below, self.total, self.total_k, heads, self.kv_heads, z.nb, block=block, d=d,
+            BLOCK=block, D=d)
 
     def route(self):
         """Per head: kept columns / distances (maps and lists), C_struct, route; dense flag per sequence."""
@@ -112,9 +113,9 @@ class Stages:
         cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
         self.idx, self.counts, scratch, spikes = (self._buffer(n) for n in ("idx", "counts", "scratch", "spikes"))
         if cfg.spike > 0:
-            run(spike_kernel, (z.nb, heads, seqs), self.q, *self.bounds, self.pooled_k, spikes, self.scale, cfg.spike,
-                self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size, d=self.d,
-                BLOCK=cfg.block_size, D=self.d)
+            run(spike_kernel, (z.nb, heads, seqs), self.q, *self.bounds, self.pooled_k_in, spikes, self.scale,
+                cfg.spike, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size,
+                d=self.d, BLOCK=cfg.block_size, D=self.d)
         run(select_kernel, (-(-z.nb // QG), heads, seqs), *self.bounds, self.route_, self.columns, self.distances,
             self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, spikes, self.idx,
             self.counts, self.scale, *self.knobs, cfg.spike, cfg.min_blocks, cfg.max_blocks, self.total, self.total_k,

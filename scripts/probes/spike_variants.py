@@ -4,7 +4,7 @@
 
 Each variant is crisp_trt/kernels/spike.py with textual substitutions (variants.py) and its own num_warps /
 num_stages / KC, launched on the same pooled keys (the shipped estimate stage's, on synthetic bf16 q / k, default
-config). Time: median over repeats of LAUNCHES back-to-back launches, divided. Flags: every variant's map against
+config; "f32" is session 19's kernel: tf32 dots on the f32 pooled keys). Time: median over repeats of LAUNCHES back-to-back launches, divided. Flags: every variant's map against
 reference.spike_mass (f32) — mismatches and the largest |share − spike| among them (how near the threshold the
 disagreement is) — and against the base's. Prints a table; writes $OUT/spike_variants.json.
 """
@@ -27,29 +27,30 @@ from crisp_trt.lengths import parse_length
 from crisp_trt.workloads.synthetic import synthetic_qkv
 from variants import variant_module
 
-LOWP = [(".to(tl.float32)\n    HK = H // G", "\n    HK = H // G"),  # q stays in its dtype
-        ("mask=(kb <= qb)[:, None], other=0.0)", "mask=(kb <= qb)[:, None], other=0.0).to(q.dtype)"),
-        ("mask=(kb < qb)[:, None], other=0.0)", "mask=(kb < qb)[:, None], other=0.0).to(q.dtype)")]
+F32 = [("mask=valid[:, None], other=0.0)\n", "mask=valid[:, None], other=0.0).to(tl.float32)\n"),  # session 19's:
+       ("mask=(kb <= qb)[:, None], other=0.0)", "mask=(kb <= qb)[:, None], other=0.0).to(tl.float32)"),  # tf32 dots
+       ("mask=(kb < qb)[:, None], other=0.0)", "mask=(kb < qb)[:, None], other=0.0).to(tl.float32)")]  # on pooled_k
 T2 = [("""        z = tl.dot(q, tl.trans(pk)) * sm_scale - lse[:, None]
         z = tl.where(valid[:, None] & (kb < qb)[None, :], z, float("-inf"))
         tl.store(out + kb, (tl.max(z, 0) > log_spike).to(tl.int8), mask=kb < qb)""",
        """        z = tl.dot(pk, tl.trans(q)) * sm_scale - lse[None, :]
         z = tl.where(valid[None, :] & (kb < qb)[:, None], z, float("-inf"))
-        tl.store(out + kb, (tl.max(z, 1) > log_spike).to(tl.int8), mask=kb < qb)""")]
+        tl.store(out + kb, (tl.max(z, 1) > log_spike).to(tl.int8), mask=kb < qb)""")]  # the row max in-warp
 REV = [("    qb = tl.program_id(0)", "    qb = NB - 1 - tl.program_id(0)")]  # the longest rows first
 LAUNCHES = 5
-VARIANTS = {  # name: (substitutions, num_warps, num_stages, KC, pooled keys in q's dtype); base: shipped
+VARIANTS = {  # name: (substitutions, num_warps, num_stages, KC, f32 pooled keys); base: the shipped kernel
     "base": ([], None, None, 64, False),
-    "lowp": (LOWP, None, None, 64, False),
-    "lowp_pk16": (LOWP, None, None, 64, True),
-    "lowp_w4s3": (LOWP, 4, 3, 64, False),
-    "lowp_w8s2": (LOWP, 8, 2, 64, False),
-    "lowp_w8s4": (LOWP, 8, 4, 64, False),
-    "lowp_kc128": (LOWP, None, None, 128, False),
-    "lowp_kc32": (LOWP, None, None, 32, False),
-    "lowp_t2": (LOWP + T2, None, None, 64, False),
-    "lowp_rev": (LOWP + REV, None, None, 64, False),
-    "lowp_pk16_kc128": (LOWP, None, None, 128, True),
+    "f32": (F32, None, None, 64, True),
+    "w4s3": ([], 4, 3, 64, False),
+    "w4s2": ([], 4, 2, 64, False),
+    "w8s2": ([], 8, 2, 64, False),
+    "kc32": ([], None, None, 32, False),
+    "kc128": ([], None, None, 128, False),
+    "t2": (T2, None, None, 64, False),
+    "rev": (REV, None, None, 64, False),
+    "w4s3_kc32": ([], 4, 3, 32, False),
+    "t2_kc32": (T2, None, None, 32, False),
+    "t2_w4s3": (T2, 4, 3, 64, False),
 }
 
 
@@ -79,10 +80,10 @@ def main() -> None:
             want = mass > cfg.spike
             base = None
             for name, mod in mods.items():
-                subs, warps, stages, kc, pk16 = VARIANTS[name]
+                subs, warps, stages, kc, f32 = VARIANTS[name]
                 opts = options("spike", block, d)
                 opts = {"num_warps": warps or opts["num_warps"], "num_stages": stages or opts["num_stages"]}
-                pk = st.pooled_k.to(q.dtype) if pk16 else st.pooled_k
+                pk = st.pooled_k if f32 else st.pooled_k_in
                 spk = torch.zeros(1, heads, nb, nb, dtype=torch.int8, device="cuda")
 
                 def launch():
@@ -101,7 +102,7 @@ def main() -> None:
                 base = got if base is None else base
                 row = dict(shape=shape, n=n, variant=name, ms=ms, flagged=int(got.sum()), ref_flagged=int(want.sum()),
                            mismatch_ref=int(wrong.sum()), worst_margin=near, diff_base=int((got != base).sum()),
-                           kc=kc, pk16=pk16, **opts)
+                           kc=kc, f32=f32, **opts)
                 rows.append(row)
                 print(f"{shape} {n} {name}: {ms:.3f} ms, flagged {row['flagged']} (ref {row['ref_flagged']}), "
                       f"{row['mismatch_ref']} off the reference (|share - spike| <= {near:.1e}), "
