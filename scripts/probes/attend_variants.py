@@ -13,11 +13,9 @@ the shipped cached launch does not), divided. Prints a table; writes $OUT/attend
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,7 +23,7 @@ import triton
 
 from crisp_trt.bench.op import SHAPES, dense_fn, median_ms
 from crisp_trt.lengths import parse_length
-from variants import variant_module
+from variants import variant_modules
 
 FORWARD = [("    qb = NQB - 1 - tl.program_id(0)", "    qb = tl.program_id(0)")]  # the shipped order is reversed
 HALVES = [("""    rows = tl.arange(0, BLOCK)
@@ -101,21 +99,10 @@ def lists(nb: int, heads: int, fraction: float, seed: int = 0):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="qwen,llama3_8b")
-    ap.add_argument("--lengths", default="16k,32k,128k")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--repeats", type=int, default=10)
-    args = ap.parse_args()
     from crisp_trt.kernels.launch import options
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))  # TMA
-    tmp = Path(tempfile.mkdtemp())
-    names = args.variants.split(",")
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown or names[0] != "base":
-        raise SystemExit(f"--variants: {unknown or names}: expected 'base' first, then any of {', '.join(VARIANTS)}")
-    mods = {name: variant_module("attend", name, VARIANTS[name][0], tmp) for name in names}
+    args, mods = variant_modules("attend", __doc__, VARIANTS, "qwen,llama3_8b", "16k,32k,128k")
     rows, block = [], 128
     for shape in args.shapes.split(","):
         heads, kv, d = SHAPES[shape]

@@ -10,11 +10,9 @@ disagreement is) — and against the base's. Prints a table; writes $OUT/spike_v
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,7 +23,7 @@ from crisp_trt.kernels.launch import options
 from crisp_trt.kernels.pipeline import Stages
 from crisp_trt.lengths import parse_length
 from crisp_trt.workloads.synthetic import synthetic_qkv
-from variants import variant_module
+from variants import variant_modules
 
 F32 = [("mask=valid[:, None], other=0.0)\n", "mask=valid[:, None], other=0.0).to(tl.float32)\n"),  # session 19's:
        ("mask=(kb <= qb)[:, None], other=0.0)", "mask=(kb <= qb)[:, None], other=0.0).to(tl.float32)"),  # tf32 dots
@@ -55,18 +53,7 @@ VARIANTS = {  # name: (substitutions, num_warps, num_stages, KC, f32 pooled keys
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="llama3_8b,qwen")
-    ap.add_argument("--lengths", default="8k,32k,128k")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--repeats", type=int, default=10)
-    args = ap.parse_args()
-    names = args.variants.split(",")
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown or names[0] != "base":
-        raise SystemExit(f"--variants: {unknown or names}: expected 'base' first, then any of {', '.join(VARIANTS)}")
-    tmp = Path(tempfile.mkdtemp())
-    mods = {name: variant_module("spike", name, VARIANTS[name][0], tmp) for name in names}
+    args, mods = variant_modules("spike", __doc__, VARIANTS, "llama3_8b,qwen", "8k,32k,128k")
     cfg, block, rows = CrispConfig(), 128, []
     for shape in args.shapes.split(","):
         heads, kv, d = SHAPES[shape]

@@ -1,9 +1,11 @@
-"""A kernel module compiled from a temporary copy of its source with textual substitutions (the probes'
-variants): each substitution must match, so an edit of the kernel fails the probe instead of silently timing the
-original."""
+"""The variant probes' shared parts: a kernel module compiled from a temporary copy of its source with textual
+substitutions (each must match, so an edit of the kernel fails the probe instead of silently timing the
+original), and their command line."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import tempfile
 from pathlib import Path
 
 KERNELS = Path(__file__).resolve().parents[2] / "crisp_trt/kernels"
@@ -24,3 +26,20 @@ def variant_module(kernel: str, name: str, subs, tmp: Path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def variant_modules(kernel: str, doc: str, variants: dict, shapes: str, lengths: str):
+    """(args, {name: module}) from the command line: --shapes, --lengths, --variants (names of `variants`, whose
+    values start with the substitutions; 'base' first), --repeats."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=shapes)
+    ap.add_argument("--lengths", default=lengths)
+    ap.add_argument("--variants", default=",".join(variants))
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    names = args.variants.split(",")
+    unknown = [v for v in names if v not in variants]
+    if unknown or names[0] != "base":
+        raise SystemExit(f"--variants: {unknown or names}: expected 'base' first, then any of {', '.join(variants)}")
+    tmp = Path(tempfile.mkdtemp())
+    return args, {name: variant_module(kernel, name, variants[name][0], tmp) for name in names}
