@@ -119,7 +119,7 @@ def rtx_parser_link(libs_dir: Path | None = None) -> Path | None:
         return None
     try:
         if link.is_symlink():  # dangling (its target moved or was removed): replace it
-            link.unlink()
+            link.unlink(missing_ok=True)  # another process may have replaced it already
         link.symlink_to(target.name)
     except FileExistsError:
         pass  # another process made it

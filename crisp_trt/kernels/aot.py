@@ -54,11 +54,10 @@ DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128, 256)
 AXES = {"BLOCK": (64, 128), "L": (16, 32, 64, 128), "C": tuple(16 << i for i in range(7)), "FLOOR": (False, True),
         "MIN_TOP": (False, True)}  # flags are bools, as the torch launcher passes them
-ELEMENT = {"q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "o_ptr": "T", "pk_in_ptr": "T",  # T: q's dtype
-           "keep_c_ptr": "i8", "keep_o_ptr": "i8", "keep_d_ptr": "i8", "spk_ptr": "i8",
-           "cu_ptr": "i32", "cu_k_ptr": "i32", "idx_ptr": "i32", "cnt_ptr": "i32", "dense_ptr": "i32", "cols_ptr": "i32",
-           "ncols_ptr": "i32", "dists_ptr": "i32", "ndists_ptr": "i32", "route_ptr": "i32", "counts_ptr": "i32",
-           "flag_ptr": "i32"}  # every other pointer: fp32
+_TRITON = {"float32": "fp32", "int32": "i32", "int8": "i8", "input": "T"}  # contract dtype → element; T: q's dtype
+_BUFFER_DTYPE = {name: dtype for name, _, dtype, _ in contract.BUFFERS}
+ELEMENT = {"q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "o_ptr": "T", "cu_ptr": "i32", "cu_k_ptr": "i32", "lse_ptr": "fp32",
+           **{p: _TRITON[_BUFFER_DTYPE[b]] for p, b in contract.BUFFER_POINTERS.items()}}  # buffers: their dtypes
 FLOATS = tuple(contract.FLOAT_ARGS)
 HIDDEN = contract.HIDDEN_POINTERS
 assert launch.ROUTE_CHUNK_MAX == AXES["C"][-1]

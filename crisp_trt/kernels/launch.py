@@ -66,7 +66,7 @@ def fixed(block: int) -> dict:
 def options(stage: str, block: int, d: int) -> dict:
     """num_warps / num_stages of a stage's kernel (Triton's defaults are 4 / 3)."""
     warps = 8 if stage in WIDE and block * d > 64 * 128 else 4
-    if stage == "spike" and block * d == 128 * 128:  # −12 to −20 % against 8 / 3 (probes/spike_variants_s20)
+    if stage == "spike" and (block, d) == (128, 128):  # −12 to −20 % against 8 / 3 (probes/spike_variants_s20)
         return {"num_warps": 4, "num_stages": 2}
     if stage != "attend":
         return {"num_warps": warps, "num_stages": 3}

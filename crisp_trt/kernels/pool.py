@@ -16,10 +16,9 @@ from .launch import kernel
 
 
 @triton.jit
-def _pool_head(src, dst, dst16, start, first, n, b, s, head, HEADS, NB, BLOCK: tl.constexpr, D: tl.constexpr,
-               LOWP: tl.constexpr):
-    """Mean of positions [first, n) ∩ block b, position p read from row start + p − first of src; with LOWP also
-    rounded to dst16's dtype."""
+def _pool_head(src, dst, dst_in, start, first, n, b, s, head, HEADS, NB, BLOCK: tl.constexpr, D: tl.constexpr):
+    """Mean of positions [first, n) ∩ block b, position p read from row start + p − first of src; unless dst_in
+    is None also rounded to its dtype."""
     tok = b * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
     x = tl.load(src + ((start - first + tok).to(tl.int64) * HEADS + head)[:, None] * D + cols[None, :],
@@ -28,8 +27,8 @@ def _pool_head(src, dst, dst16, start, first, n, b, s, head, HEADS, NB, BLOCK: t
     mean = tl.sum(x.to(tl.float32), 0) / rows.to(tl.float32)
     at = ((s * NB + b).to(tl.int64) * HEADS + head) * D + cols
     tl.store(dst + at, mean)
-    if LOWP:
-        tl.store(dst16 + at, mean.to(dst16.dtype.element_ty))
+    if dst_in is not None:
+        tl.store(dst_in + at, mean.to(dst_in.dtype.element_ty))
 
 
 @kernel
@@ -43,6 +42,6 @@ def pool_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, pq_ptr, pk_ptr, pk_in_ptr, dense
         return
     if j < H:
         if b * BLOCK + BLOCK > n - q_len:  # a query block the chunk touches
-            _pool_head(q_ptr, pq_ptr, pq_ptr, q_start, n - q_len, n, b, s, j, H, NB, BLOCK, D, False)
+            _pool_head(q_ptr, pq_ptr, None, q_start, n - q_len, n, b, s, j, H, NB, BLOCK, D)
     else:
-        _pool_head(k_ptr, pk_ptr, pk_in_ptr, k_start, 0, n, b, s, j - H, HK, NB, BLOCK, D, True)
+        _pool_head(k_ptr, pk_ptr, pk_in_ptr, k_start, 0, n, b, s, j - H, HK, NB, BLOCK, D)

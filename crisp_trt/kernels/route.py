@@ -7,9 +7,9 @@ and as compact ascending lists for select, then C_struct = Σ vsum over the key 
 block attends; while C_struct < coverage, kappa halves and the selection is redone (≤ `steps` kappas,
 CrispConfig.kappas); then route = C_struct ≥ tau; then, under the floor rule, a head whose C_struct reached
 coverage drops its lightest kept columns and offsets while C_struct stays ≥ coverage (`_trim`, one mass
-threshold found by bisection: reference.trim_to_coverage). With JSD routing, route_jsd_kernel (same grid, launched next)
-overwrites the route with sqrt(JSD(vsum, pooled-Q·K)) ≥ tau. Sequences below dense_below get route 0
-(dense) and dense[s] = 1.
+threshold found by bisect's search, 16 probes a step while C ≤ 128: reference.trim_to_coverage). With JSD routing,
+route_jsd_kernel (same grid, launched next) overwrites the route with sqrt(JSD(vsum, pooled-Q·K)) ≥ tau. Sequences
+below dense_below get route 0 (dense) and dense[s] = 1.
 """
 from __future__ import annotations
 

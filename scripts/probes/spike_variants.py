@@ -3,15 +3,15 @@
     python3 scripts/probes/spike_variants.py [--shapes llama3_8b,qwen] [--lengths 8k,32k,128k] [--variants base,...]
 
 Each variant is crisp_trt/kernels/spike.py with textual substitutions (variants.py) and its own num_warps /
-num_stages / KC, launched on the same pooled keys (the shipped estimate stage's, on synthetic bf16 q / k, default
-config; "f32" is session 19's kernel: tf32 dots on the f32 pooled keys). Time: median over repeats of LAUNCHES back-to-back launches, divided. Flags: every variant's map against
+num_stages / KC, launched with the op's arguments on the same pooled keys (the shipped estimate stage's, on
+synthetic bf16 q / k, default config; "f32" is session 19's kernel: tf32 dots on the f32 pooled keys). Time:
+median over repeats of LAUNCHES back-to-back launches, divided. Flags: every variant's map against
 reference.spike_mass (f32) — mismatches and the largest |share − spike| among them (how near the threshold the
 disagreement is) — and against the base's. Prints a table; writes $OUT/spike_variants.json.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -62,7 +62,7 @@ def main() -> None:
             cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
             st = Stages(q, k, cu, n, cfg)
             st.estimate()
-            nb = -(-n // block)
+            nb, scale, groups, dense_below = st.z.nb, st.scale, st.groups, st.dense_below  # the op's arguments
             mass = reference.spike_mass(q, k, block)  # [H, NB, NB] f32
             want = mass > cfg.spike
             base = None
@@ -75,8 +75,8 @@ def main() -> None:
 
                 def launch():
                     for _ in range(LAUNCHES):
-                        mod.spike_kernel[(nb, heads, 1)](q, cu, cu, pk, spk, 1 / math.sqrt(d), cfg.spike, 1, n, n,
-                                                         heads, heads // kv, nb, BLOCK=block, D=d, KC=kc, **opts)
+                        mod.spike_kernel[(nb, heads, 1)](q, cu, cu, pk, spk, scale, cfg.spike, dense_below, n, n,
+                                                         heads, groups, nb, BLOCK=block, D=d, KC=kc, **opts)
                 try:
                     ms = median_ms(launch, args.repeats, "cuda") / LAUNCHES
                 except Exception as e:  # a variant Triton cannot compile here is reported, not fatal
@@ -86,10 +86,10 @@ def main() -> None:
                 got = spk[0].bool()
                 wrong = got != want
                 near = float((mass - cfg.spike).abs()[wrong].max()) if wrong.any() else 0.0
-                base = got if base is None else base
+                base = got if name == "base" else base
+                off_base = None if base is None else int((got != base).sum())  # None: the base failed to compile
                 row = dict(shape=shape, n=n, variant=name, ms=ms, flagged=int(got.sum()), ref_flagged=int(want.sum()),
-                           mismatch_ref=int(wrong.sum()), worst_margin=near, diff_base=int((got != base).sum()),
-                           kc=kc, f32=f32, **opts)
+                           mismatch_ref=int(wrong.sum()), worst_margin=near, diff_base=off_base, kc=kc, f32=f32, **opts)
                 rows.append(row)
                 print(f"{shape} {n} {name}: {ms:.3f} ms, flagged {row['flagged']} (ref {row['ref_flagged']}), "
                       f"{row['mismatch_ref']} off the reference (|share - spike| <= {near:.1e}), "
