@@ -129,6 +129,21 @@ def test_defaults_sweep_and_pick(tiny, texts):
     assert strict["name"] is None
 
 
+def test_model_sweep_rows(tiny, texts):
+    from crisp_trt.bench.oracle import BlockOracle, model_sweep
+
+    model, tok = tiny
+    oracles = {"full": BlockOracle(coverage=1.0, block=64), "half": BlockOracle(coverage=0.5, block=64),
+               "same": BlockOracle(budget=SMALL, block=64)}
+    rows = model_sweep(model, tok, oracles, {"crisp": SMALL}, [256], sources=("docs_calib",), kl_positions=32)
+    by = {r["method"]: r for r in rows}
+    assert list(by) == ["dense", "crisp", "full", "half", "same"]
+    assert by["full"]["density"] == 1.0 and by["full"]["kl"] < 1e-6       # fp32 over every block: dense's answers
+    assert 0 < by["half"]["density"] < 1 and by["half"]["kl"] > 1e-6
+    assert all(r["ppl"] == r["ppl"] and r["kl"] > -1e-6 for r in rows)     # no NaN; KL ≥ 0 up to rounding
+    assert model.config._attn_implementation == "sdpa" and not hasattr(model.config, "block_oracle")  # switched back
+
+
 def test_ttft_rows(tiny, texts):
     from crisp_trt.bench.e2e import run_ttft
 
