@@ -17,18 +17,19 @@ def hand_masks(q, k, counts=None, coverage=None):
     """Per head and query block: the diagonal, then key blocks by summed dense mass until `counts` blocks or
     `coverage` of the block's mass."""
     n, heads, d = q.shape
-    nb, group = n // BLOCK, heads // k.shape[1]
+    nb, group = -(-n // BLOCK), heads // k.shape[1]
     masks = torch.zeros(heads, nb, nb, dtype=torch.bool)
     for h in range(heads):
         for qb in range(nb):
-            r = torch.arange(qb * BLOCK, (qb + 1) * BLOCK)
+            r = torch.arange(qb * BLOCK, min(n, (qb + 1) * BLOCK))  # the last block may be partial
             logits = (q[r, h] @ k[:, h // group].T / math.sqrt(d)).masked_fill(torch.arange(n)[None] > r[:, None],
                                                                                 float("-inf"))
-            mass = torch.softmax(logits, -1).view(BLOCK, nb, BLOCK).sum((0, 2))
+            p = torch.nn.functional.pad(torch.softmax(logits, -1), (0, nb * BLOCK - n))
+            mass = p.view(len(r), nb, BLOCK).sum((0, 2))
             order = [qb] + [int(i) for i in mass.argsort(descending=True) if int(i) != qb and int(i) <= qb]
             held = 0.0
             for j, kb in enumerate(order):
-                if (counts is not None and j >= counts[h, qb]) or (coverage is not None and held >= coverage * BLOCK):
+                if (counts is not None and j >= counts[h, qb]) or (coverage is not None and held >= coverage * len(r)):
                     break
                 masks[h, qb, kb] = True
                 held += float(mass[kb])
@@ -37,7 +38,7 @@ def hand_masks(q, k, counts=None, coverage=None):
 
 @pytest.mark.parametrize("budget", ["coverage", "plan"])
 def test_oracle_attention_equals_hand_masks(budget):
-    n, heads = 512, 4
+    n, heads = 500, 4  # a partial last block
     q, k, v = (t[0] for t in synthetic_qkv(n, heads, 2, 64, spec=SyntheticSpec(), seed=5))
     if budget == "coverage":
         oracle, want = BlockOracle(coverage=0.6, block=BLOCK), hand_masks(q, k, coverage=0.6)
@@ -48,7 +49,7 @@ def test_oracle_attention_equals_hand_masks(budget):
     out, kept, causal = oracle_attention(q, k, v, oracle, rows_per_step=3 * BLOCK)  # steps not dividing n
     expected = reference.attend(q, k, v, want, BLOCK).float()
     assert kept == int(want.sum()) and causal == heads * 8 * 9 // 2
-    assert 0.3 < kept / causal < 0.95  # sparse, but more than the diagonal
+    assert heads * 8 / causal + 0.1 < kept / causal < 0.95  # sparse, and well beyond the diagonal alone
     err = float((out.float() - expected).norm() / expected.norm())
     assert err < 1e-5, err
 

@@ -35,35 +35,53 @@ def _scores(model, ids: torch.Tensor, kl_positions: int, dense_logp: torch.Tenso
     return total / (n - 1), logp, kl
 
 
-def sweep(model, tok, candidates: dict, lengths, sources=CALIBRATION, rope=None, kl_positions: int = 2048,
-          repeats: int = 3, progress=None) -> list[dict]:
-    """Rows per (n, source, candidate): ttft_ms, speedup (dense's TTFT over it; timed on the first source
-    only), ppl, dppl (relative to dense), kl. candidates: {name: CrispConfig}; "dense" is added."""
+def score(model, tok, methods: dict, lengths, sources=CALIBRATION, rope=None, kl_positions: int = 2048,
+          repeats: int = 3, progress=None, on_row=None) -> list[dict]:
+    """Rows per (n, source, method): ttft_ms and speedup (dense's TTFT over it; timed on the first source only,
+    None with repeats 0), ppl, dppl (relative to dense), kl, plus the method's own fields. methods: {name:
+    (use, fields)}: use(model) switches the model's attention to it, fields() gives the extra row fields after its
+    forward; "dense" is scored first. on_row(rows) after each row; the model ends on dense attention."""
     from ..workloads.real import text_ids
     from .accuracy import use_method, use_rope
     from .e2e import prefill_ms
 
     base = CrispConfig()
+    dense = (lambda m: use_method(m, "dense", base), lambda: {})
     rows = []
-    for n in lengths:
-        use_rope(model, rope, n)
-        for i, source in enumerate(sources):
-            ids = text_ids(tok, n, source=source).to(model.device)
-            dense_logp, dense_ms, dense_nll = None, None, None
-            for name in ("dense", *candidates):
-                use_method(model, name, base, candidates)
-                ms = prefill_ms(model, ids, repeats) if i == 0 else None
-                nll, logp, kl = _scores(model, ids, kl_positions, dense_logp)
-                if name == "dense":
-                    dense_logp, dense_ms, dense_nll = logp, ms, nll
-                rows.append(dict(n=n, source=source, method=name, ttft_ms=ms,
-                                 speedup=None if ms is None else dense_ms / ms, ppl=math.exp(nll),
-                                 dppl=math.exp(nll - dense_nll) - 1.0, kl=kl or 0.0,
-                                 config=None if name == "dense" else candidates[name].to_dict()))
-                if progress is not None:
-                    progress.update(1)
-            use_method(model, "dense", base)
+    try:
+        for n in lengths:
+            use_rope(model, rope, n)
+            for i, source in enumerate(sources):
+                ids = text_ids(tok, n, source=source).to(model.device)
+                dense_logp, dense_ms, dense_nll = None, None, None
+                for name, (use, fields) in {"dense": dense, **methods}.items():
+                    use(model)
+                    ms = prefill_ms(model, ids, repeats) if i == 0 and repeats else None
+                    nll, logp, kl = _scores(model, ids, kl_positions, dense_logp)
+                    if name == "dense":
+                        dense_logp, dense_ms, dense_nll = logp, ms, nll
+                    rows.append(dict(n=n, source=source, method=name, ttft_ms=ms,
+                                     speedup=None if ms is None else dense_ms / ms, ppl=math.exp(nll),
+                                     dppl=math.exp(nll - dense_nll) - 1.0, kl=kl or 0.0, **fields()))
+                    if progress is not None:
+                        progress.update(1)
+                    if on_row is not None:
+                        on_row(rows)
+    finally:
+        dense[0](model)
     return rows
+
+
+def sweep(model, tok, candidates: dict, lengths, sources=CALIBRATION, rope=None, kl_positions: int = 2048,
+          repeats: int = 3, progress=None) -> list[dict]:
+    """score() of candidate configs {name: CrispConfig}, each row with its config (None for dense)."""
+    from .accuracy import use_method
+
+    base = CrispConfig()
+    methods = {name: (lambda m, name=name: use_method(m, name, base, candidates),
+                      lambda cfg=cfg: {"config": cfg.to_dict()}) for name, cfg in candidates.items()}
+    rows = score(model, tok, methods, lengths, sources, rope, kl_positions, repeats, progress)
+    return [{**r, "config": r.get("config")} for r in rows]
 
 
 def pick(rows, max_dppl: float = MAX_DPPL, max_kl: float = MAX_KL, incumbent: str | None = "default") -> dict:

@@ -1,11 +1,12 @@
 """The block oracle inside a whole model: how sparse could any block selection be at the model's accuracy bar?
 
 Per head and query block, the oracle keeps the key blocks holding the most dense softmax mass (summed over the
-block's rows; the diagonal block always) and attends exactly over them, fp32. Two budgets: `coverage` c keeps
-blocks until they hold c of the mass; `budget` cfg keeps as many blocks as CRISP's own plan under cfg lists there
-(the same-budget oracle of bench.recall, but for every row of every layer, so the model's answers can be scored).
-`model_sweep` scores both the way bench.defaults does (perplexity, KL to dense on the last positions): if even the
-oracle moves the answers at a density, no block selection at that density keeps them. No kernel: a bound, slow.
+block's rows), the diagonal block first, and attends exactly over them, fp32. Two budgets: `coverage` c keeps
+blocks until they hold c of the mass (1.0: every causal block, the fp32 control); `budget` cfg keeps as many
+blocks as CRISP's plan under cfg lists there on the same activations (bench.recall's same-budget oracle ranks
+without putting the diagonal first; it scores sampled rows of one layer, this every row of every layer).
+`model_sweep` scores the model as bench.defaults does (perplexity, KL to dense on the last positions): if even
+the oracle moves the answers at a density, no block selection at that density keeps them. No kernel: a bound.
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CrispConfig
+from ..reference import num_blocks
 from ..workloads.texts import CALIBRATION
 
 NAME = "block_oracle"
+ACTIVE: dict = {"oracle": None, "kept": 0, "causal": 0}  # the oracle in use and its blocks since the last switch
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class BlockOracle:
         if self.budget is not None and self.budget.block_size != self.block:
             raise ValueError(f"BlockOracle: budget.block_size={self.budget.block_size}, expected block={self.block}")
 
+    def fields(self) -> dict:
+        return {"coverage": self.coverage, "budget": None if self.budget is None else self.budget.to_dict()}
+
 
 def _budget_counts(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> torch.Tensor:
     """Blocks CRISP attends per head and query block (diagonal included) under cfg: int [H, nb]; q [n, H, d]."""
@@ -42,23 +48,23 @@ def _budget_counts(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> torch.
     from .op import method_plan
 
     n = q.shape[0]
-    p = method_plan(q[None], k[None], cfg, max_n=n)
-    return masks_from_plan(p, 0, -(-n // cfg.block_size)).sum(-1).to(q.device)
+    p = method_plan(q.contiguous()[None], k.contiguous()[None], cfg, max_n=n)  # the kernels index [n, H, d] densely
+    return masks_from_plan(p, 0, num_blocks(n, cfg.block_size)).sum(-1).to(q.device)
 
 
 def oracle_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, oracle: BlockOracle,
                      rows_per_step: int | None = None) -> tuple[torch.Tensor, int, int]:
     """(out [n, H, d] in q's dtype, kept blocks, causal blocks) of causal attention of one sequence (q [n, H, d],
-    k, v [n, H_kv, d], GQA by repetition) over the oracle's blocks; rows_per_step query rows at a time (default:
-    2^30 logits a step, 4 GiB of fp32, whole query blocks)."""
+    k, v [n, H_kv, d], GQA by repetition) over the oracle's blocks; rows_per_step query rows at a time, whole query
+    blocks (default: 2^30 logits a step; two or three such f32 tensors live at once, ≈ 10 GiB)."""
     n, heads, d = q.shape
     block = oracle.block
     rows_per_step = rows_per_step or (1 << 30) // (heads * n)
     group = heads // k.shape[1]
-    nb = -(-n // block)
+    nb = num_blocks(n, block)
     counts = _budget_counts(q, k, oracle.budget) if oracle.budget is not None else None
-    kk = k.float().repeat_interleave(group, 1).transpose(0, 1)            # [H, n, d]
-    vv = v.float().repeat_interleave(group, 1).transpose(0, 1)
+    kk = k.float().repeat_interleave(group, 1).transpose(0, 1).contiguous()  # [H, n, d]
+    vv = v.float().repeat_interleave(group, 1).transpose(0, 1).contiguous()
     out = torch.empty(n, heads, d, dtype=q.dtype, device=q.device)
     step = max(block, rows_per_step // block * block)
     kept = 0
@@ -75,110 +81,79 @@ def oracle_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, oracle: 
         mass = torch.zeros(heads, nkb - qb0, nkb, device=q.device).index_add_(1, row_qb, mass)  # [H, QB, nkb]
         qb = torch.arange(qb0, nkb, device=q.device)
         kb = torch.arange(nkb, device=q.device)
-        diagonal = kb[None] == qb[:, None]
-        order = mass.masked_fill(diagonal, float("inf")).argsort(-1, descending=True)  # the diagonal first
+        diagonal, future = kb[None] == qb[:, None], kb[None] > qb[:, None]
+        rank_by = mass.masked_fill(future, -1.0).masked_fill(diagonal, float("inf"))  # diagonal first, future last
+        order = rank_by.argsort(-1, descending=True)
         ranked = mass.gather(-1, order)
-        if counts is None:
+        if counts is not None:
+            keep_ranked = torch.arange(nkb, device=q.device) < counts[:, qb0:nkb, None]
+        elif oracle.coverage < 1.0:
             before = ranked.cumsum(-1) - ranked
             keep_ranked = before < oracle.coverage * mass.sum(-1, keepdim=True)
-        else:
-            keep_ranked = torch.arange(nkb, device=q.device) < counts[:, qb0:nkb, None]
-        keep = torch.zeros_like(keep_ranked).scatter_(-1, order, keep_ranked)
-        keep = (keep & (kb[None] <= qb[:, None])) | diagonal  # causal blocks only, the diagonal always
+        else:  # every causal block, whatever the rounding of the cumulative sum
+            keep_ranked = torch.ones_like(ranked, dtype=torch.bool)
+        keep = (torch.zeros_like(keep_ranked).scatter_(-1, order, keep_ranked) & ~future[None]) | diagonal
         kept += int(keep.sum())
         p = p * keep[:, row_qb].repeat_interleave(block, -1)[..., :b]
         out[a:b] = ((p @ vv[:, :b]) / p.sum(-1, keepdim=True)).transpose(0, 1).to(q.dtype)
     return out, kept, heads * nb * (nb + 1) // 2
 
 
-class Counter:
-    """Kept and causal blocks over the oracle's calls since the last reset (density = kept / causal)."""
-    kept = 0
-    causal = 0
-
-    @classmethod
-    def reset(cls) -> None:
-        cls.kept = cls.causal = 0
-
-    @classmethod
-    def density(cls) -> float:
-        return cls.kept / max(cls.causal, 1)
-
-
 def oracle_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
                    **kwargs):
     """transformers attention contract (query [B, H, q, d], key/value [B, H_kv, k, d]) → ([B, q, H, d], None):
-    the oracle in module.config.block_oracle over each whole causal prefill; anything else is an error."""
+    ACTIVE's oracle over each whole causal prefill; anything else (a mask, a cache, another scale, dropout, a
+    sliding window, soft-capping) is an error."""
     q_len, k_len, d = query.shape[2], key.shape[2], query.shape[-1]
-    if attention_mask is not None or q_len != k_len or (scaling is not None and not math.isclose(scaling, d ** -0.5)):
-        raise ValueError("block_oracle: only plain causal prefill (no mask, no cache, scaling 1/sqrt(d)) is supported, "
-                         f"got q_len={q_len}, k_len={k_len}, mask={attention_mask is not None}, scaling={scaling}")
-    oracle = module.config.block_oracle
+    plain = (attention_mask is None and q_len == k_len and is_causal is not False and dropout == 0.0
+             and (scaling is None or math.isclose(scaling, d ** -0.5)) and kwargs.get("sliding_window") is None
+             and kwargs.get("softcap") is None)
+    if not plain or ACTIVE["oracle"] is None:
+        raise ValueError("block_oracle: only a plain causal prefill (no mask, no cache, scaling 1/sqrt(d), no dropout, "
+                         f"window or softcap) under use_oracle is supported, got q_len={q_len}, k_len={k_len}, "
+                         f"mask={attention_mask is not None}, scaling={scaling}, dropout={dropout}, "
+                         f"oracle={ACTIVE['oracle']}")
     outs = []
     for b in range(query.shape[0]):
-        out, kept, causal = oracle_attention(*(t[b].transpose(0, 1) for t in (query, key, value)), oracle)
-        Counter.kept += kept
-        Counter.causal += causal
+        out, kept, causal = oracle_attention(*(t[b].transpose(0, 1) for t in (query, key, value)), ACTIVE["oracle"])
+        ACTIVE["kept"] += kept
+        ACTIVE["causal"] += causal
         outs.append(out)
     return torch.stack(outs), None
 
 
-def use_oracle(model, oracle: BlockOracle | None) -> None:
-    """Route a loaded model's attention through the oracle; None drops it from the config (which then saves as
-    before) and leaves attention as it is (bench.accuracy.use_method switches it)."""
+def use_oracle(model, oracle: BlockOracle) -> None:
+    """Route a loaded model's attention through the oracle (ACTIVE: one oracle at a time) and zero its block count;
+    bench.accuracy.use_method switches back."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     from ..hf import crisp_mask
     from ..models import set_attn_implementation
 
-    configs = [model.config] + [getattr(model.config, s) for s in ("text_config",) if hasattr(model.config, s)]
-    if oracle is None:
-        for c in configs:
-            c.__dict__.pop("block_oracle", None)
-        return
     AttentionInterface.register(NAME, oracle_forward)
-    AttentionMaskInterface.register(NAME, crisp_mask)
-    for c in configs:
-        c.block_oracle = oracle
+    AttentionMaskInterface.register(NAME, crisp_mask)  # None for a plain causal prefill, as CRISP's
+    ACTIVE.update(oracle=oracle, kept=0, causal=0)
     set_attn_implementation(model, NAME)
 
 
 def model_sweep(model, tok, oracles: dict, configs: dict, lengths, sources=CALIBRATION, rope=None,
-                kl_positions: int = 2048, progress=None) -> list[dict]:
-    """Rows per (n, source, method): ppl, dppl (against dense), kl (dense ‖ method, mean over the last
-    kl_positions), and for oracles their density over every layer. oracles: {name: BlockOracle}; configs:
-    {name: CrispConfig} scored beside them (CRISP itself, for the pairing)."""
-    from ..workloads.real import text_ids
-    from .accuracy import use_method, use_rope
-    from .defaults import _scores
+                kl_positions: int = 2048, progress=None, on_row=None) -> list[dict]:
+    """bench.defaults.score rows (untimed) of CRISP configs {name: CrispConfig} and oracles {name: BlockOracle};
+    oracle rows add density (kept / causal blocks over every layer), coverage and budget."""
+    from .accuracy import use_method
+    from .defaults import score
 
-    base = CrispConfig()
-    rows = []
+    def crisp(name):
+        return lambda m: use_method(m, name, CrispConfig(), configs), lambda: {"config": configs[name].to_dict()}
+
+    def oracle(o):
+        return (lambda m: use_oracle(m, o),
+                lambda: {"density": ACTIVE["kept"] / max(ACTIVE["causal"], 1), **o.fields()})
+
+    methods = {**{name: crisp(name) for name in configs}, **{name: oracle(o) for name, o in oracles.items()}}
     try:
-        for n in lengths:
-            use_rope(model, rope, n)
-            for source in sources:
-                ids = text_ids(tok, n, source=source).to(model.device)
-                dense_logp, dense_nll = None, None
-                for name in ("dense", *configs, *oracles):
-                    if name in oracles:
-                        use_oracle(model, oracles[name])
-                        Counter.reset()
-                    else:
-                        use_method(model, name, base, configs)
-                    nll, logp, kl = _scores(model, ids, kl_positions, dense_logp)
-                    if name == "dense":
-                        dense_logp, dense_nll = logp, nll
-                    o = oracles.get(name)
-                    rows.append(dict(n=n, source=source, method=name, ppl=math.exp(nll),
-                                     dppl=math.exp(nll - dense_nll) - 1.0, kl=kl or 0.0,
-                                     density=Counter.density() if o else None,
-                                     coverage=o.coverage if o else None,
-                                     budget=o.budget.to_dict() if o and o.budget else None))
-                    if progress is not None:
-                        progress.update(1)
+        return score(model, tok, methods, lengths, sources, rope, kl_positions, repeats=0, progress=progress,
+                     on_row=on_row)
     finally:
-        use_oracle(model, None)
-        use_method(model, "dense", base)
-    return rows
+        ACTIVE.update(oracle=None, kept=0, causal=0)

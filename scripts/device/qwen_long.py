@@ -15,8 +15,9 @@ Steps (each writes $OUT/<step>.json and prints a short table last):
          --lengths 2048,4096,8192,16384,32768 --out ...` refits and checks on any machine
   acc    passkey and multikey retrieval (paired, 4 depths) + perplexity at --ppl-length (docs corpus)
   oracle the block oracle inside the model (crisp_trt.bench.oracle) on the calibration corpora: perplexity, KL
-         to dense and density at each --coverages, and at the block counts of each ORACLE_BUDGETS config, beside
-         CRISP under those configs: how sparse any block selection could be at the model's accuracy bar
+         to dense and density at each --coverages (1.0: fp32 attention over every block, the precision control),
+         and at the block counts of each ORACLE_BUDGETS config, beside CRISP under those configs: how sparse any
+         block selection could be at the model's accuracy bar (≈ 80 s a 128k forward on an H100: few coverages there)
   plot   qwen_speed.png from op.json and e2e.json in $OUT (no GPU, no model: runs anywhere)
 Needs CRISP_TRT_TEXTS (crisp_trt.workloads.texts.export) and gguf importable (for prep).
 """
@@ -198,19 +199,19 @@ def step_oracle(args):
     from crisp_trt.bench.oracle import BlockOracle, model_sweep
 
     mdl, tok = model()
-    rows = []
-    for n in args.oracle_lengths:  # one length at a time, so a cut-off run keeps what it finished
+    rows, gpu = [], torch.cuda.get_device_name()
+    for n in args.oracle_lengths:  # saved after every row: a cut-off run keeps what it finished
         sources = ("docs_calib",) if n > 32768 else ("docs_calib", "code_calib")
         oracles = {f"oracle_cov{c}": BlockOracle(coverage=c) for c in args.coverages}
         oracles.update({f"oracle_at_{name}": BlockOracle(budget=CANDIDATES[name]) for name in ORACLE_BUDGETS})
-        rows += model_sweep(mdl, tok, oracles, {name: CANDIDATES[name] for name in ORACLE_BUDGETS}, [n],
-                            sources=sources, rope=rope_for(mdl))
-        save("oracle", {"rows": rows, "gpu": torch.cuda.get_device_name(),
-                        "configs": {name: CANDIDATES[name].to_dict() for name in ORACLE_BUDGETS}})
-    print("density of oracle_at_X = CRISP's under config X (the same block counts)")
+        done = list(rows)
+        rows = done + model_sweep(mdl, tok, oracles, {name: CANDIDATES[name] for name in ORACLE_BUDGETS}, [n],
+                                  sources=sources, rope=rope_for(mdl),
+                                  on_row=lambda r: save("oracle", {"rows": done + r, "gpu": gpu}))
+    print("oracle_at_X: as many blocks as CRISP's plan under X lists, on the oracle model's own activations")
     print(f"{'n':>7} {'source':<11}{'method':<34}{'density':>8}{'dppl %':>8}{'kl':>9}")
     for r in rows:
-        dens = "" if r["density"] is None else f"{r['density']:.3f}"
+        dens = "" if r.get("density") is None else f"{r['density']:.3f}"
         print(f"{r['n']:>7} {r['source']:<11}{r['method']:<34}{dens:>8}{100 * r['dppl']:>8.3f}{r['kl']:>9.5f}")
 
 
@@ -252,8 +253,8 @@ def main(argv=None):
     p.add_argument("--tune-lengths", type=lengths, default=lengths("16k,32k,128k"))
     p.add_argument("--oracle-lengths", type=lengths, default=lengths("32k,128k"),
                    help="oracle: lengths (both calibration corpora up to 32k, docs_calib above)")
-    p.add_argument("--coverages", type=lambda s: [float(x) for x in s.split(",")], default=[0.8, 0.9, 0.95, 0.98],
-                   help="oracle: coverage budgets, comma-separated fractions")
+    p.add_argument("--coverages", type=lambda s: [float(x) for x in s.split(",")], default=[0.8, 0.9, 0.95, 0.98, 1.0],
+                   help="oracle: coverage budgets, comma-separated fractions (1.0: the fp32 control)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--skip", default="", help="acc: methods to leave out, comma-separated")
