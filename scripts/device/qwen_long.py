@@ -16,7 +16,7 @@ Steps (each writes $OUT/<step>.json and prints a short table last):
   acc    passkey and multikey retrieval (paired, 4 depths) + perplexity at --ppl-length (docs corpus)
   oracle the block oracle inside the model (crisp_trt.bench.oracle) on the calibration corpora: perplexity, KL
          to dense and density at each --coverages (1.0: fp32 attention over every block, the precision control),
-         and at the block counts of each ORACLE_BUDGETS config, beside CRISP under those configs: how sparse any
+         and at the block counts of each --oracle-budgets config, beside CRISP under those configs: how sparse any
          block selection could be at the model's accuracy bar (≈ 80 s a 128k forward on an H100: few coverages there)
   plot   qwen_speed.png from op.json and e2e.json in $OUT (no GPU, no model: runs anywhere)
 Needs CRISP_TRT_TEXTS (crisp_trt.workloads.texts.export) and gguf importable (for prep).
@@ -51,7 +51,6 @@ CANDIDATES = {  # fixed before a run; chosen between on calibration text only. S
     **{f"cov0.99_spike{t}": CrispConfig(coverage=0.99, spike=t) for t in (0.005, 0.02)},
 }
 
-ORACLE_BUDGETS = ("default", "cov0.9_spike0.01", "cov0.99_b8k_spike0.01")  # the oracle at these configs' block counts
 
 
 def out_dir() -> Path:
@@ -76,7 +75,13 @@ def picked(extra: str | None = None) -> dict:
     return {**tuned, **more}
 
 
-def model():
+def model(args):
+    """The bf16 checkpoint prep wrote, on the GPU; with --device cpu the bundled GGUF in fp32 (crisp_trt.models.qwen_path:
+    the `qwen` extra), for a first look on any machine (an 8k forward takes minutes there)."""
+    if args.device == "cpu":
+        from crisp_trt.models import qwen_path
+
+        return load_model(qwen_path(), attn_implementation="sdpa", dtype=torch.float32, device="cpu")
     if not HF_DIR.is_dir():
         raise SystemExit("no /tmp/qwen_hf: run the prep step first (the machine keeps /tmp only while warm)")
     return load_model(HF_DIR, attn_implementation="sdpa", dtype=torch.bfloat16, device="cuda")
@@ -97,7 +102,7 @@ def step_prep(args):
 def step_op(args):
     from crisp_trt.bench.op import run_real_model
 
-    mdl, tok = model()
+    mdl, tok = model(args)
     rows = []
     for source, lengths in (("code", args.lengths), ("docs", args.docs_lengths)):
         rows += run_real_model(mdl, tok, lengths, sources=(source,), configs=picked(), rope=rope_for(mdl),
@@ -114,7 +119,7 @@ def step_op(args):
 def step_tune(args):
     from crisp_trt.bench import defaults
 
-    mdl, tok = model()
+    mdl, tok = model(args)
     rows = defaults.sweep(mdl, tok, CANDIDATES, args.tune_lengths, rope=rope_for(mdl))
     pick = defaults.pick(rows)
     pick["config"] = CANDIDATES[pick["name"]].to_dict() if pick["name"] else None
@@ -130,7 +135,7 @@ def step_tune(args):
 def step_e2e(args):
     from crisp_trt.bench.e2e import run_ttft
 
-    mdl, tok = model()
+    mdl, tok = model(args)
     configs = picked()
     methods = ("dense", "crisp", *configs, "flexprefill")
     rows = run_ttft(mdl, tok, args.lengths, methods, configs, rope=rope_for(mdl), repeats=args.repeats)
@@ -144,7 +149,7 @@ def step_stats(args):
     from crisp_trt.workloads.fit import stats_of
     from crisp_trt.workloads.real import capture, text_ids
 
-    mdl, tok = model()
+    mdl, tok = model(args)
     rope = rope_for(mdl)
     result = {"model": "Qwen2.5-Coder-0.5B-Instruct bf16", "gpu": torch.cuda.get_device_name(), "stats": {}, "rope": {}}
     for source in ("code_calib", "docs_calib"):
@@ -166,7 +171,7 @@ def step_stats(args):
 def step_acc(args):
     from crisp_trt.bench.accuracy import run_accuracy
 
-    mdl, tok = model()
+    mdl, tok = model(args)
     configs = picked(args.extra)
     methods = tuple(m for m in ("dense", "crisp", *configs, "flexprefill") if m not in args.skip)
     deadline = time.time() + args.budget_s
@@ -198,14 +203,14 @@ def step_acc(args):
 def step_oracle(args):
     from crisp_trt.bench.oracle import BlockOracle, model_sweep
 
-    mdl, tok = model()
-    rows, gpu = [], torch.cuda.get_device_name()
+    mdl, tok = model(args)
+    rows, gpu = [], torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     for n in args.oracle_lengths:  # saved after every row: a cut-off run keeps what it finished
-        sources = ("docs_calib",) if n > 32768 else ("docs_calib", "code_calib")
+        sources = args.oracle_sources or (("docs_calib",) if n > 32768 else ("docs_calib", "code_calib"))
         oracles = {f"oracle_cov{c}": BlockOracle(coverage=c) for c in args.coverages}
-        oracles.update({f"oracle_at_{name}": BlockOracle(budget=CANDIDATES[name]) for name in ORACLE_BUDGETS})
+        oracles.update({f"oracle_at_{name}": BlockOracle(budget=CANDIDATES[name]) for name in args.oracle_budgets})
         done = list(rows)
-        rows = done + model_sweep(mdl, tok, oracles, {name: CANDIDATES[name] for name in ORACLE_BUDGETS}, [n],
+        rows = done + model_sweep(mdl, tok, oracles, {name: CANDIDATES[name] for name in args.oracle_budgets}, [n],
                                   sources=sources, rope=rope_for(mdl),
                                   on_row=lambda r: save("oracle", {"rows": done + r, "gpu": gpu}))
     print("oracle_at_X: as many blocks as CRISP's plan under X lists, on the oracle model's own activations")
@@ -255,6 +260,13 @@ def main(argv=None):
                    help="oracle: lengths (both calibration corpora up to 32k, docs_calib above)")
     p.add_argument("--coverages", type=lambda s: [float(x) for x in s.split(",")], default=[0.8, 0.9, 0.95, 0.98, 1.0],
                    help="oracle: coverage budgets, comma-separated fractions (1.0: the fp32 control)")
+    names = lambda s: [x for x in s.split(",") if x]  # noqa: E731
+    p.add_argument("--oracle-budgets", type=names, default=["default", "cov0.9_spike0.01", "cov0.99_b8k_spike0.01"],
+                   help="oracle: CANDIDATES names; the oracle at each one's block counts, and CRISP under it")
+    p.add_argument("--oracle-sources", type=names, default=None,
+                   help="oracle: calibration corpora (default: docs_calib and code_calib up to 32k, docs_calib above)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="where the model runs (cpu: the bundled GGUF in fp32, for the oracle's first look)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--skip", default="", help="acc: methods to leave out, comma-separated")
@@ -266,6 +278,9 @@ def main(argv=None):
     p.add_argument("--tag", default="main", help="acc: JSON name suffix")
     args = p.parse_args(argv)
     args.skip = set(filter(None, args.skip.split(",")))
+    unknown = [b for b in args.oracle_budgets if b not in CANDIDATES]
+    if unknown:
+        p.error(f"--oracle-budgets {','.join(unknown)}: expected names of {', '.join(CANDIDATES)}")
     for step in args.steps:
         t = time.time()
         globals()[f"step_{step}"](args)
