@@ -17,6 +17,7 @@ import torch
 
 from ..config import CrispConfig
 from ..reference import num_blocks
+from .recall import dense_rows
 from ..workloads.texts import CALIBRATION
 
 NAME = "block_oracle"
@@ -67,17 +68,13 @@ def oracle_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, oracle: 
     vv = v.float().repeat_interleave(group, 1).transpose(0, 1).contiguous()
     out = torch.empty(n, heads, d, dtype=q.dtype, device=q.device)
     step = max(block, rows_per_step // block * block)
-    kept = 0
+    kept = torch.zeros((), dtype=torch.int64, device=q.device)  # summed on the device: one sync at the end
     for a in range(0, n, step):
         b = min(a + step, n)
-        nkb, qb0 = -(-b // block), a // block
-        logits = (q[a:b].float().transpose(0, 1) @ kk[:, :b].transpose(1, 2)) / math.sqrt(d)  # [H, R, b]
+        nkb, qb0 = num_blocks(b, block), a // block
         pos = torch.arange(b, device=q.device)
-        logits.masked_fill_(pos[None, None, :] > pos[a:b, None][None], float("-inf"))
-        p = torch.softmax(logits, -1)
-        del logits
+        p, mass = dense_rows(q[a:b].transpose(0, 1), kk[:, :b], pos[None] > pos[a:b, None], block)  # [H, R, b]
         row_qb = pos[a:b] // block - qb0
-        mass = torch.nn.functional.pad(p, (0, nkb * block - b)).view(heads, b - a, nkb, block).sum(-1)
         mass = torch.zeros(heads, nkb - qb0, nkb, device=q.device).index_add_(1, row_qb, mass)  # [H, QB, nkb]
         qb = torch.arange(qb0, nkb, device=q.device)
         kb = torch.arange(nkb, device=q.device)
@@ -93,10 +90,10 @@ def oracle_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, oracle: 
         else:  # every causal block, whatever the rounding of the cumulative sum
             keep_ranked = torch.ones_like(ranked, dtype=torch.bool)
         keep = (torch.zeros_like(keep_ranked).scatter_(-1, order, keep_ranked) & ~future[None]) | diagonal
-        kept += int(keep.sum())
+        kept += keep.sum()
         p = p * keep[:, row_qb].repeat_interleave(block, -1)[..., :b]
         out[a:b] = ((p @ vv[:, :b]) / p.sum(-1, keepdim=True)).transpose(0, 1).to(q.dtype)
-    return out, kept, heads * nb * (nb + 1) // 2
+    return out, int(kept), heads * nb * (nb + 1) // 2
 
 
 def oracle_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,

@@ -26,12 +26,13 @@ def sample_rows(n: int, rows: int = 64, seed: int = 0) -> torch.Tensor:
 
 
 def dense_rows(q_rows: torch.Tensor, k: torch.Tensor, future: torch.Tensor, block: int):
-    """Causal softmax rows p [R, n] (fp32) of q_rows [R, d] against k [n, d] (future: bool [R, n], masked)
-    and their mass per key block [R, NB]."""
-    n, d = k.shape
+    """Causal softmax rows p [..., R, n] (fp32) of q_rows [..., R, d] against k [..., n, d] (leading dims: heads,
+    broadcast; future: bool [R, n], masked) and their mass per key block [..., R, NB]."""
+    n, d = k.shape[-2:]
     nkb = -(-n // block)
-    p = torch.softmax(((q_rows.float() @ k.float().T) / math.sqrt(d)).masked_fill(future, float("-inf")), -1)
-    return p, torch.nn.functional.pad(p, (0, nkb * block - n)).view(len(q_rows), nkb, block).sum(-1)
+    p = torch.softmax(((q_rows.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)).masked_fill(future, float("-inf")),
+                      -1)
+    return p, torch.nn.functional.pad(p, (0, nkb * block - n)).view(*p.shape[:-1], nkb, block).sum(-1)
 
 
 def plan_from_masks(masks: list[torch.Tensor]):

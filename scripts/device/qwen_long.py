@@ -52,7 +52,6 @@ CANDIDATES = {  # fixed before a run; chosen between on calibration text only. S
 }
 
 
-
 def out_dir() -> Path:
     out = Path(os.environ.get("OUT", "bench/results/latest/qwen"))
     out.mkdir(parents=True, exist_ok=True)
@@ -76,8 +75,8 @@ def picked(extra: str | None = None) -> dict:
 
 
 def model(args):
-    """The bf16 checkpoint prep wrote, on the GPU; with --device cpu the bundled GGUF in fp32 (crisp_trt.models.qwen_path:
-    the `qwen` extra), for a first look on any machine (an 8k forward takes minutes there)."""
+    """The bf16 checkpoint prep wrote, on the GPU; with --device cpu the bundled GGUF in fp32
+    (crisp_trt.models.qwen_path: the `qwen` extra), for a first look on any machine (an 8k forward takes minutes)."""
     if args.device == "cpu":
         from crisp_trt.models import qwen_path
 
