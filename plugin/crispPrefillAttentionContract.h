@@ -24,6 +24,9 @@ constexpr int64_t kCRISP_RB = 16;
 constexpr int64_t kCRISP_SUBTILE = 64;
 constexpr int64_t kCRISP_ELEMS = 4096;
 constexpr int64_t kCRISP_ROUTE_CHUNK_MAX = 1024;
+constexpr int64_t kCRISP_TMA_BLOCK = 128;
+constexpr int64_t kCRISP_TMA_D = 64;
+constexpr int64_t kCRISP_DESCRIPTORS = 256;
 
 inline int64_t crispCdiv(int64_t a, int64_t b) noexcept { return (a + b - 1) / b; }
 inline int64_t crispFdiv(int64_t a, int64_t b) noexcept { return a / b; }
@@ -267,6 +270,7 @@ enum CrispBuffer : int32_t
     kCRISP_BUFFER_SCRATCH,
     kCRISP_BUFFER_SPIKES,
     kCRISP_BUFFER_IDX,
+    kCRISP_BUFFER_DESCRIPTORS,
     kCRISP_NB_BUFFERS
 };
 constexpr int32_t kCRISP_ZEROED_BUFFERS = 6;
@@ -368,6 +372,8 @@ inline CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& p, int64_t s
     at = crispAddBytes(at, crispBufferBytes({S, H, ((p.spike > 0) ? z.nb : 1), ((p.spike > 0) ? z.nb : 1)}, 1));
     w.offset[kCRISP_BUFFER_IDX] = at;
     at = crispAddBytes(at, crispBufferBytes({S, H, z.nb, z.maxk}, 4));
+    w.offset[kCRISP_BUFFER_DESCRIPTORS] = at;
+    at = crispAddBytes(at, crispBufferBytes({S, H, z.nb, (((p.blockSize == kCRISP_TMA_BLOCK) && (D == kCRISP_TMA_D)) ? kCRISP_DESCRIPTORS : 0)}, 1));
     w.total = at;
     (void) HK;
     (void) D;
@@ -433,7 +439,7 @@ struct CrispTensors
 constexpr int32_t kCRISP_NB_ARGS = 72;
 
 //! Every kernel argument of one enqueue, by name: the tensors, the workspace buffers, Triton's hidden
-//! pointers (null), the scalars and the variant constexprs (contract.py's tables).
+//! pointers (a workspace buffer or null), the scalars and the variant constexprs (contract.py's tables).
 inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p, CrispSizes const& z, CrispWorkspaceLayout const& w,
     char* workspace, CrispTensors const& t, int64_t S, int64_t total, int64_t totalK) noexcept
 {
@@ -474,7 +480,7 @@ inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p
         {"counts_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_COUNTS], 0, 0.F},
         {"cnt_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_COUNTS], 0, 0.F},
         {"flag_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_POISON], 0, 0.F},
-        {"global_scratch", CrispParamType::kPOINTER, nullptr, 0, 0.F},
+        {"global_scratch", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_DESCRIPTORS], 0, 0.F},
         {"profile_scratch", CrispParamType::kPOINTER, nullptr, 0, 0.F},
         {"sm_scale", CrispParamType::kFLOAT32, nullptr, 0, static_cast<float>((1.0 / std::sqrt(static_cast<double>(D))))},
         {"kappa", CrispParamType::kFLOAT32, nullptr, 0, static_cast<float>(p.kappa)},

@@ -161,7 +161,7 @@ def test_contract_header_computes_what_python_does(tmp_path):
                 expected.append(f"launch {stage} " + " ".join(str(contract.evaluate(g, names)) for g in grid))
         expected += [f"arg {n} 0" for n in contract.INPUT_POINTERS]
         expected += [f"arg {n} {ws.layout[b][0]}" for n, b in contract.BUFFER_POINTERS.items()]
-        expected += [f"arg {n} 0" for n in contract.HIDDEN_POINTERS]
+        expected += [f"arg {n} {0 if b is None else ws.layout[b][0]}" for n, b in contract.HIDDEN_POINTERS.items()]
         expected += [f"arg {n} {_f32(contract.evaluate(e, names))}" for n, e in contract.FLOAT_ARGS.items()]
         expected += [f"arg {n} {int(contract.evaluate(e, names))}" for n, e in contract.INT_ARGS.items()]
     heads = contract.dims(1, 32, 8, 128)

@@ -306,12 +306,14 @@ KERNELS_CPP = ROOT / "plugin" / "crispPrefillAttentionKernels.cpp"
 
 @pytest.fixture(scope="session")
 def aot_images(tmp_path_factory):
-    """One variant of every stage compiled for sm_90, in a process without TRITON_INTERPRET (conftest sets it on
-    CPU, and the interpreter's kernels cannot be compiled)."""
+    """One variant of every stage compiled for sm_90, then attend at (BLOCK, D) = (128, 64) for sm_90 and sm_80 (TMA
+    on / off), in a process without TRITON_INTERPRET (conftest sets it on CPU, and the interpreter's kernels cannot
+    be compiled)."""
     import pickle
     path = tmp_path_factory.mktemp("aot") / "images.pickle"
-    code = ("import pickle, sys; from crisp_trt.kernels import aot as a; pickle.dump([a.compile_image(s, "
-            "next(a.variants(s)), 90) for s in a.KERNELS], open(sys.argv[1], 'wb'))")
+    code = ("import pickle, sys; from crisp_trt.kernels import aot as a; v = dict(dtype='bf16', BLOCK=128, D=64); "
+            "pickle.dump([a.compile_image(s, next(a.variants(s)), 90) for s in a.KERNELS] + "
+            "[a.compile_image('attend', v, arch) for arch in (90, 80)], open(sys.argv[1], 'wb'))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
@@ -321,14 +323,17 @@ def aot_images(tmp_path_factory):
 def test_aot_images_match_the_launch_contract(aot_images):
     from crisp_trt.kernels import aot as aot_kernels
     from crisp_trt.kernels import launch
-    assert [i.stage for i in aot_images] == list(aot_kernels.KERNELS)
+    assert [i.stage for i in aot_images] == list(aot_kernels.KERNELS) + ["attend", "attend"]
     for image in aot_images:
         fn = aot_kernels.KERNELS[image.stage]
         assert image.cubin[:4] == b"\x7fELF" and image.kernel == image.stage + "_kernel"
         assert [n for n, _ in image.params] == aot_kernels.runtime_names(fn) + list(aot_kernels.HIDDEN)
-        fixed = {**launch.fixed(image.constexprs.get("BLOCK", 0)), "INTERPRET": 0}  # this process interprets
+        fixed = {**launch.fixed(image.constexprs.get("BLOCK", 0), image.constexprs.get("D", 0), image.arch),
+                 "INTERPRET": 0}  # this process interprets
         assert {n: v for n, v in image.constexprs.items() if n not in image.variant} == \
             {n: int(fixed[n]) for n in launch.constexpr_names(fn) if n in fixed}
+    assert [(i.arch, i.constexprs["TMA"]) for i in aot_images[-2:]] == [(90, 1), (80, 0)]  # its scratch: checked
+    # by compile_image against the descriptors buffer
 
 
 @pytest.mark.parametrize("cfg,heads,d,chunked", [

@@ -116,7 +116,7 @@ def compile_image(stage: str, variant: dict, arch: int) -> Image:
     """Compile one variant of KERNELS[stage] for sm_<arch>; checks the launch contract it relies on."""
     fn = KERNELS[stage]
     consts = launch.constexpr_names(fn)
-    values = {**launch.fixed(variant.get("BLOCK", 0)), **variant}
+    values = {**launch.fixed(variant.get("BLOCK", 0), variant.get("D", 0), arch), **variant}
     missing = [n for n in consts if n not in values]
     if missing:
         raise ValueError(f"{stage}: no value for constexpr(s) {missing}")
@@ -130,10 +130,13 @@ def compile_image(stage: str, variant: dict, arch: int) -> Image:
     options = launch.options(stage, variant.get("BLOCK", 0), variant.get("D", 0))
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     md = compiled.metadata
-    if md.global_scratch_size or md.profile_scratch_size or md.launch_pdl or md.launch_cooperative_grid \
-            or md.num_ctas != 1:
-        raise RuntimeError(f"{stage} sm_{arch} {variant}: needs scratch memory, PDL, cooperative launch or "
-                           "clusters, which the plugin's launcher does not provide")
+    scratch_ok = md.global_scratch_size == 0 or (
+        values.get("TMA") and md.global_scratch_size <= contract.CONSTANTS["DESCRIPTORS"]
+        and contract.CONSTANTS["ALIGN"] % md.global_scratch_align == 0)  # attend's descriptors buffer holds it
+    if not scratch_ok or md.profile_scratch_size or md.launch_pdl or md.launch_cooperative_grid or md.num_ctas != 1:
+        raise RuntimeError(f"{stage} sm_{arch} {variant}: needs scratch memory beyond the descriptors buffer "
+                           f"({md.global_scratch_size} B), PDL, cooperative launch or clusters, which the plugin's "
+                           "launcher does not provide")
     entry = re.search(rf"\.entry {md.name}\((.*?)\)", compiled.asm["ptx"], re.S)
     n_ptx = entry.group(1).count(".param") if entry else -1
     if n_ptx != len(runtime) + len(HIDDEN):
@@ -383,7 +386,7 @@ def render_contract() -> str:
           "    void const* cuSeqlens;", "    void const* cuSeqlensK;", "    void* lse;", "};",
           f"constexpr int32_t kCRISP_NB_ARGS = {len(args) + len(contract.HIDDEN_POINTERS) + len(contract.FLOAT_ARGS) + len(contract.INT_ARGS)};",
           "", "//! Every kernel argument of one enqueue, by name: the tensors, the workspace buffers, Triton's hidden",
-          "//! pointers (null), the scalars and the variant constexprs (contract.py's tables).",
+          "//! pointers (a workspace buffer or null), the scalars and the variant constexprs (contract.py's tables).",
           "inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p, CrispSizes const& z, "
           "CrispWorkspaceLayout const& w,", "    char* workspace, CrispTensors const& t, int64_t S, int64_t total, "
           "int64_t totalK) noexcept", "{", "    int64_t const H = p.numHeads;", "    int64_t const HK = p.numKvHeads;",
@@ -395,7 +398,9 @@ def render_contract() -> str:
     for param, buffer in contract.BUFFER_POINTERS.items():
         L.append(f"        {{{_c_string(param)}, CrispParamType::kPOINTER, workspace + "
                  f"w.offset[kCRISP_BUFFER_{buffer.upper()}], 0, 0.F}},")
-    L += [f"        {{{_c_string(n)}, CrispParamType::kPOINTER, nullptr, 0, 0.F}}," for n in contract.HIDDEN_POINTERS]
+    for param, buffer in contract.HIDDEN_POINTERS.items():
+        target = "nullptr" if buffer is None else f"workspace + w.offset[kCRISP_BUFFER_{buffer.upper()}]"
+        L.append(f"        {{{_c_string(param)}, CrispParamType::kPOINTER, {target}, 0, 0.F}},")
     for param, expr in contract.FLOAT_ARGS.items():
         L.append(f"        {{{_c_string(param)}, CrispParamType::kFLOAT32, nullptr, 0, "
                  f"static_cast<float>({cpp(expr, _namer())})}},")

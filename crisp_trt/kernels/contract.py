@@ -29,6 +29,9 @@ CONSTANTS = {
     "SUBTILE": 64,             # widest [L, W] sub-tile of estimate_mass
     "ELEMS": 4096,             # elements per poison program
     "ROUTE_CHUNK_MAX": 1024,   # widest route chunk
+    "TMA_BLOCK": 128,          # attend loads K / V through TMA descriptors at this block size and head dim, on sm_90+
+    "TMA_D": 64,
+    "DESCRIPTORS": 256,        # bytes per attend program for its two device-side TMA descriptors (Triton's global scratch)
 }
 
 # The plugin's fields, in order: CrispConfig's, the head counts, then the OPTIONAL ones (name, type: INT32 / FLOAT32
@@ -134,6 +137,7 @@ BUFFERS = (
     ("scratch", ("S", "H", "nb", "nb"), "float32", False),  # select's block-sparse rows: dominates
     ("spikes", ("S", "H", "nb if spike > 0 else 1", "nb if spike > 0 else 1"), "int8", False),  # spike → select
     ("idx", ("S", "H", "nb", "maxk"), "int32", False),
+    ("descriptors", ("S", "H", "nb", "DESCRIPTORS if block_size == TMA_BLOCK and D == TMA_D else 0"), "int8", False),
 )
 ITEMSIZE = {"float32": 4, "int32": 4, "int8": 1, "input": 4}  # input: q's dtype (fp16 / bf16; f32 under the interpreter)
 
@@ -163,7 +167,8 @@ BUFFER_POINTERS = {
     "dists_ptr": "dists", "ndists_ptr": "ndists", "cstruct_ptr": "c_struct", "route_ptr": "route",
     "dense_ptr": "dense", "scratch_ptr": "scratch", "spk_ptr": "spikes", "idx_ptr": "idx", "counts_ptr": "counts",
     "cnt_ptr": "counts", "flag_ptr": "poison"}
-HIDDEN_POINTERS = ("global_scratch", "profile_scratch")  # Triton 3.6's trailing pointer parameters, passed NULL
+# Triton 3.6's trailing pointer parameters: a workspace buffer (global_scratch: attend's TMA descriptors) or NULL
+HIDDEN_POINTERS = {"global_scratch": "descriptors", "profile_scratch": None}
 # Kernel scalar parameters (f32 or i32) and the variant constexprs a cubin is picked by, by name.
 FLOAT_ARGS = {"sm_scale": "1.0 / sqrt(D)", "kappa": "kappa", "quantile": "floor_quantile", "gamma": "gamma",
               "tau": "tau", "coverage": "coverage", "spike": "spike"}

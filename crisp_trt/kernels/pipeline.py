@@ -136,7 +136,7 @@ class Stages:
         """attend over the planned lists (writing the LSE into lse [total_q, H] f32 when given), then the input
         poison (NaN output and LSE for bad inputs)."""
         out = attend(self.q, self.k, v, self.cu, self.idx, self.counts, self.dense, self.cfg.block_size,
-                     cu_seqlens_k=self.cu_k, lse=lse)
+                     cu_seqlens_k=self.cu_k, lse=lse, descriptors=self._buffer("descriptors").view(-1))
         return poison(self.q, self.k, v, self.cu, self.cu_k, out, lse, self._buffer("poison"))
 
 

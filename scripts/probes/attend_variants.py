@@ -9,7 +9,8 @@ config, kappa 0) and a random half of the off-diagonal blocks (ascending lists, 
 blocks computed per ms against cuDNN's causal blocks per ms (SDPA's cuDNN backend, same q/k/v, same run);
 the base variant's output is checked against cuDNN's (all blocks listed) and every other variant's against the
 base's. Each timing covers LAUNCHES back-to-back launches per event pair (Triton's launcher costs host time
-the shipped cached launch does not), divided. Prints a table; writes $OUT/attend_variants.json.
+the shipped cached launch does not), divided. `pointers` / `tma*` force attend's TMA constexpr off / on (the
+others follow launch.tma). Prints a table; writes $OUT/attend_variants.json.
 """
 from __future__ import annotations
 
@@ -26,59 +27,23 @@ from crisp_trt.lengths import parse_length
 from variants import variant_modules
 
 FORWARD = [("    qb = NQB - 1 - tl.program_id(0)", "    qb = tl.program_id(0)")]  # the shipped order is reversed
-HALVES = [("""    rows = tl.arange(0, BLOCK)
-    cols = tl.arange(0, D)
-    k_pos = kb * BLOCK + rows
-    kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
-    return _attend_block(""", """    rows = tl.arange(0, BLOCK // 2)
-    cols = tl.arange(0, D)
-    k_pos = kb * BLOCK + rows
-    kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
-    acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
-                                  v_ptr + kv_off[:, None] + cols[None, :], None, None, qk_scale, False)
-    kv_off += (BLOCK // 2) * HK * D
-    return _attend_block(""")]
 WS = [("for i in tl.range(0, count):", "for i in tl.range(0, count, warp_specialize=True):")]
-TMA = [("""    kb = tl.maximum(tl.minimum(kb, qb - 1), 0)
-    rows = tl.arange(0, BLOCK)
-    cols = tl.arange(0, D)
-    k_pos = kb * BLOCK + rows
-    kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
-    return _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
-                         v_ptr + kv_off[:, None] + cols[None, :], None, None, qk_scale, False)""",
-        """    kb = tl.maximum(tl.minimum(kb, qb - 1), 0)
-    k = k_ptr.load([start + kb * BLOCK, hk * D])
-    s = tl.dot(q, tl.trans(k))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    p = tl.exp2(s * qk_scale - m_new[:, None])
-    v = v_ptr.load([start + kb * BLOCK, hk * D])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, m_new, l_i"""),
-       ("    HK = H // G\n", """    HK = H // G
-    k_desc = tl.make_tensor_descriptor(k_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
-    v_desc = tl.make_tensor_descriptor(v_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
-"""),
-       ("qb, k_ptr, v_ptr,\n", "qb, k_desc, v_desc,\n")]  # listed K / V blocks through TMA descriptors
 LAUNCHES = 5
-VARIANTS = {  # name: (substitutions, num_warps, num_stages); "base" is the shipped kernel and options
-    "base": ([], None, None),
-    "w4s3": ([], 4, 3),
-    "w4s4": ([], 4, 4),
-    "w8s2": ([], 8, 2),
-    "w8s3": ([], 8, 3),
-    "forward": (FORWARD, None, None),
-    "forward_w4s3": (FORWARD, 4, 3),
-    "halves_w4s3": (HALVES, 4, 3),
-    "halves_forward_w4s3": (HALVES + FORWARD, 4, 3),
-    "halves_w8s3": (HALVES, 8, 3),
-    "ws_w4s2": (WS, 4, 2),
-    "tma": (TMA, None, None),
-    "tma_w4s3": (TMA, 4, 3),
-    "tma_w8s3": (TMA, 8, 3),
-    "tma_ws": (TMA + WS, None, None),
-    "tma_ws_w4s2": (TMA + WS, 4, 2),
+VARIANTS = {  # name: (substitutions, num_warps, num_stages, TMA: None = launch.tma's rule, or forced on / off)
+    "base": ([], None, None, None),
+    "w4s3": ([], 4, 3, None),
+    "w4s4": ([], 4, 4, None),
+    "w8s2": ([], 8, 2, None),
+    "w8s3": ([], 8, 3, None),
+    "forward": (FORWARD, None, None, None),
+    "forward_w4s3": (FORWARD, 4, 3, None),
+    "ws_w4s2": (WS, 4, 2, None),
+    "pointers": ([], None, None, False),
+    "tma": ([], None, None, True),
+    "tma_w4s3": ([], 4, 3, True),
+    "tma_w8s3": ([], 8, 3, True),
+    "tma_ws": (WS, None, None, True),
+    "tma_ws_w4s2": (WS, 4, 2, True),
 }
 
 
@@ -99,7 +64,7 @@ def lists(nb: int, heads: int, fraction: float, seed: int = 0):
 
 
 def main() -> None:
-    from crisp_trt.kernels.launch import options
+    from crisp_trt.kernels.launch import arch_of, options, tma
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))  # TMA
     args, mods = variant_modules("attend", __doc__, VARIANTS, "qwen,llama3_8b", "16k,32k,128k")
@@ -120,7 +85,8 @@ def main() -> None:
                 blocks = float(counts.sum()) / heads + nb
                 ref = None
                 for name, mod in mods.items():
-                    _, warps, stages = VARIANTS[name]
+                    _, warps, stages, forced = VARIANTS[name]
+                    use_tma = tma(block, d, arch_of(q)) if forced is None else forced
                     opts = options("attend", block, d)
                     opts = {"num_warps": warps or opts["num_warps"], "num_stages": stages or opts["num_stages"]}
                     out = torch.empty_like(q)
@@ -131,7 +97,7 @@ def main() -> None:
                             mod.attend_kernel[(nb, heads, 1)](q, k, v, out, lse, cu, cu, idx, counts, dense,
                                                               1 / math.sqrt(d), n, n, 0, heads, heads // kv, nb,
                                                               idx.shape[-1], BLOCK=block, D=d, INTERPRET=False,
-                                                              **opts)
+                                                              TMA=use_tma, **opts)
                     try:
                         ms = median_ms(launch, args.repeats, "cuda") / LAUNCHES
                     except Exception as e:  # a variant Triton cannot compile here is reported, not fatal
@@ -145,7 +111,7 @@ def main() -> None:
                         diff = float((out.float() - ref.float()).abs().max())
                     rate = (blocks / ms) / (causal_blocks / cudnn_ms)
                     rows.append(dict(shape=shape, n=n, fraction=fraction, variant=name, ms=ms, cudnn_ms=cudnn_ms,
-                                     rate_vs_cudnn=rate, max_diff=diff, **opts))
+                                     rate_vs_cudnn=rate, max_diff=diff, tma=use_tma, **opts))
                     print(f"{shape} {n} {fraction} {name}: {ms:.3f} ms, rate {rate:.3f}x cuDNN, max |diff| {diff:.2g}",
                           flush=True)
     out_dir = Path(os.environ.get("OUT", "/tmp"))
