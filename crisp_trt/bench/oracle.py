@@ -17,6 +17,7 @@ import torch
 
 from ..config import CrispConfig
 from ..reference import num_blocks
+from .estimators import count_keep, coverage_keep, estimated_mass, parse, per_query_block
 from .recall import dense_rows
 from ..workloads.texts import CALIBRATION
 
@@ -30,6 +31,7 @@ class BlockOracle:
     coverage: float | None = None
     budget: CrispConfig | None = None
     block: int = 128
+    estimate: str = "exact"  # bench.estimators: what the coverage ranks and counts (exact: the oracle itself)
 
     def __post_init__(self):
         if (self.coverage is None) == (self.budget is None):
@@ -38,9 +40,14 @@ class BlockOracle:
             raise ValueError(f"BlockOracle: coverage={self.coverage}, expected a fraction in (0, 1]")
         if self.budget is not None and self.budget.block_size != self.block:
             raise ValueError(f"BlockOracle: budget.block_size={self.budget.block_size}, expected block={self.block}")
+        parse(self.estimate, self.block)
+        if self.budget is not None and self.estimate != "exact":
+            raise ValueError(f"BlockOracle: estimate={self.estimate!r} with a budget; expected 'exact' (an estimate "
+                             "ranks only under coverage)")
 
     def fields(self) -> dict:
-        return {"coverage": self.coverage, "budget": None if self.budget is None else self.budget.to_dict()}
+        return {"coverage": self.coverage, "budget": None if self.budget is None else self.budget.to_dict(),
+                "estimate": self.estimate}
 
 
 def _budget_counts(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> torch.Tensor:
@@ -75,21 +82,11 @@ def oracle_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, oracle: 
         pos = torch.arange(b, device=q.device)
         p, mass = dense_rows(q[a:b].transpose(0, 1), kk[:, :b], pos[None] > pos[a:b, None], block)  # [H, R, b]
         row_qb = pos[a:b] // block - qb0
-        mass = torch.zeros(heads, nkb - qb0, nkb, device=q.device).index_add_(1, row_qb, mass)  # [H, QB, nkb]
-        qb = torch.arange(qb0, nkb, device=q.device)
-        kb = torch.arange(nkb, device=q.device)
-        diagonal, future = kb[None] == qb[:, None], kb[None] > qb[:, None]
-        rank_by = mass.masked_fill(future, -1.0).masked_fill(diagonal, float("inf"))  # diagonal first, future last
-        order = rank_by.argsort(-1, descending=True)
-        ranked = mass.gather(-1, order)
-        if counts is not None:
-            keep_ranked = torch.arange(nkb, device=q.device) < counts[:, qb0:nkb, None]
-        elif oracle.coverage < 1.0:
-            before = ranked.cumsum(-1) - ranked
-            keep_ranked = before < oracle.coverage * mass.sum(-1, keepdim=True)
-        else:  # every causal block, whatever the rounding of the cumulative sum
-            keep_ranked = torch.ones_like(ranked, dtype=torch.bool)
-        keep = (torch.zeros_like(keep_ranked).scatter_(-1, order, keep_ranked) & ~future[None]) | diagonal
+        if counts is None:
+            est = estimated_mass(oracle.estimate, q[a:b].transpose(0, 1), kk[:, :b], a, block, mass)
+            keep = coverage_keep(est, qb0, oracle.coverage)  # [H, QB, nkb]
+        else:
+            keep = count_keep(per_query_block(mass, row_qb, nkb - qb0), qb0, counts[:, qb0:nkb])
         kept += keep.sum()
         p = p * keep[:, row_qb].repeat_interleave(block, -1)[..., :b]
         out[a:b] = ((p @ vv[:, :b]) / p.sum(-1, keepdim=True)).transpose(0, 1).to(q.dtype)

@@ -36,15 +36,15 @@ class Rows:
 
 
 class Head:
-    """One head's dense softmax rows, output and per-query-block key-block mass ranks on `rows`."""
+    """One head's dense softmax rows, output, key-block mass per row and per scored query block (and its ranks)."""
 
     def __init__(self, rows: Rows, q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         self.rows = rows
-        self.p, mass = dense_rows(q_rows, k, rows.future, rows.block)
+        self.p, self.mass = dense_rows(q_rows, k, rows.future, rows.block)  # mass: per row and key block
         self.v = v.float()
         self.dense = self.p @ self.v
-        per_block = torch.zeros(len(rows.blocks), mass.shape[-1]).index_add_(0, rows.inverse, mass)
-        self.rank = per_block.argsort(-1, descending=True).argsort(-1)
+        self.per_block = torch.zeros(len(rows.blocks), self.mass.shape[-1]).index_add_(0, rows.inverse, self.mass)
+        self.rank = self.per_block.argsort(-1, descending=True).argsort(-1)
 
     def squared_error(self, allowed: torch.Tensor) -> float:
         kept = self.p * allowed
