@@ -17,7 +17,8 @@ Steps (each writes $OUT/<step>.json and prints a short table last):
   oracle the block oracle inside the model (crisp_trt.bench.oracle) on the calibration corpora: perplexity, KL
          to dense and density at each --coverages (1.0: fp32 attention over every block, the precision control),
          and at the block counts of each --oracle-budgets config, beside CRISP under those configs: how sparse any
-         block selection could be at the model's accuracy bar (≈ 80 s a 128k forward on an H100: few coverages there)
+         block selection could be at the model's accuracy bar (≈ 80 s a 128k forward on an H100: few coverages
+         there); --estimates: the same coverages ranked by a cheap estimate of the mass (what a selector affords)
   plot   qwen_speed.png from op.json and e2e.json in $OUT (no GPU, no model: runs anywhere)
 Needs CRISP_TRT_TEXTS (crisp_trt.workloads.texts.export) and gguf importable (for prep).
 """
@@ -34,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from crisp_trt.bench.estimators import parse as parse_estimate  # noqa: E402
 from crisp_trt.config import CrispConfig  # noqa: E402
 from crisp_trt.lengths import parse_length  # noqa: E402
 from crisp_trt.models import as_plain_weights, load_model, rope_for  # noqa: E402
@@ -207,6 +209,8 @@ def step_oracle(args):
     for n in args.oracle_lengths:  # saved after every row: a cut-off run keeps what it finished
         sources = args.oracle_sources or (("docs_calib",) if n > 32768 else ("docs_calib", "code_calib"))
         oracles = {f"oracle_cov{c}": BlockOracle(coverage=c) for c in args.coverages}
+        oracles.update({f"{e}_cov{c}": BlockOracle(coverage=c, estimate=e)
+                        for e in args.estimates for c in args.coverages if c < 1.0})
         oracles.update({f"oracle_at_{name}": BlockOracle(budget=CANDIDATES[name]) for name in args.oracle_budgets})
         done = list(rows)
         rows = done + model_sweep(mdl, tok, oracles, {name: CANDIDATES[name] for name in args.oracle_budgets}, [n],
@@ -262,6 +266,9 @@ def main(argv=None):
     names = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     p.add_argument("--oracle-budgets", type=names, default=["default", "cov0.9_spike0.01", "cov0.99_b8k_spike0.01"],
                    help="oracle: CANDIDATES names; the oracle at each one's block counts, and CRISP under it")
+    p.add_argument("--estimates", type=names, default=[],
+                   help="oracle: also select by these cheap estimates of the mass at each coverage below 1 "
+                        "(crisp_trt.bench.estimators: rowsS, antidiagS), scored beside the oracle")
     p.add_argument("--oracle-sources", type=names, default=None,
                    help="oracle: calibration corpora (default: docs_calib and code_calib up to 32k, docs_calib above)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -280,6 +287,11 @@ def main(argv=None):
     unknown = [b for b in args.oracle_budgets if b not in CANDIDATES]
     if unknown:
         p.error(f"--oracle-budgets {','.join(unknown)}: expected names of {', '.join(CANDIDATES)}")
+    for e in args.estimates:
+        try:
+            parse_estimate(e, CrispConfig().block_size)
+        except ValueError as err:
+            p.error(f"--estimates: {err}")
     for step in args.steps:
         t = time.time()
         globals()[f"step_{step}"](args)
