@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 ROUTINGS = ("struct", "jsd")
 BUDGETS = ("floor", "cumulative")
+ROWS = (0, 16, 32, 64)  # CrispConfig.rows: 0 = pooled block-sparse rows
 KAPPA_HALVINGS = 3  # kappa, kappa/2, kappa/4, kappa/8 (see CrispConfig.coverage)
 
 
@@ -46,6 +47,11 @@ class CrispConfig:
                    It catches query-dependent far references no last-window estimate sees: with coverage 0.99
                    it halves the KL to dense of the old default (0.999, no spike) on Qwen at 128k and is
                    faster below 128k (bench/NOTES.md, sessions 15 and 17).
+    rows           block-sparse rows rank their key blocks by the exact attention of this many strided rows of
+                   the query block (the last of every block_size / rows; reference.rows_mass) instead of the
+                   pooled-q · pooled-k softmax; 0: pooled. On real Qwen attention at 8k, 16 rows select within
+                   1.0–1.4× of the block oracle's error at its density, where pooled rows have 4–6× (bench/NOTES.md,
+                   session 22).
     """
 
     block_size: int = 128
@@ -64,6 +70,7 @@ class CrispConfig:
     gamma: float = 0.9
     floor_samples: int = 64
     spike: float = 0.01
+    rows: int = 0
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, expected: str) -> None:
@@ -79,7 +86,7 @@ class CrispConfig:
             return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
         for name in ("block_size", "last_q", "sink_tokens", "local_blocks", "min_budget",
-                     "max_budget", "dense_below", "floor_samples"):
+                     "max_budget", "dense_below", "floor_samples", "rows"):
             if not is_int(name):
                 raise TypeError(f"CrispConfig.{name}={getattr(self, name)!r}: expected an int")
         for name in ("kappa", "coverage", "floor_quantile", "tau", "gamma", "spike"):
@@ -104,6 +111,8 @@ class CrispConfig:
         need(0.0 <= self.coverage <= 1.0, "coverage", "a number in [0, 1]")
         need(self.floor_samples in (16, 32, 64, 128), "floor_samples", "16, 32, 64 or 128")
         need(0.0 <= self.spike < 1.0, "spike", "a number in [0, 1) (0: off)")
+        need(self.rows in ROWS and self.rows <= self.block_size, "rows",
+             f"0 (pooled) or 16, 32 or 64 rows, at most block_size={self.block_size}")
 
     # Derived, block-granular quantities shared by the reference and the kernels.
     @property

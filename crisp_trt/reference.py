@@ -16,7 +16,8 @@ route     per head, the vertical-slash keep maps: noise floor = floor_quantile o
           iff sqrt(JSD(vsum, pooled)) ≥ tau); then a head that reached coverage keeps only its heaviest
           columns and offsets that still cover it (trim_to_coverage).
 select    per query block, the attended key blocks: vertical-slash → kept column blocks ∪ {qb - x : x ∈ kept
-          distances}; block-sparse → pooled-Q·pooled-K row selection; always the sink, local and diagonal;
+          distances}; block-sparse → row selection over the pooled-Q·pooled-K softmax, or (rows > 0) over the
+          mean attention of `rows` strided rows of the query block per key block; always the sink, local and diagonal;
           then (spike > 0) the spikes: earlier key blocks some row of the query block would give more than
           `spike` of its attention (softmax of q_i · k̄_j · scale over the key blocks j ≤ qb, k̄ a block's mean
           key), at most max_blocks of them beyond the route's, lowest first.
@@ -289,12 +290,11 @@ def sample_positions(lo: int, m: int, samples: int) -> torch.Tensor:
     return lo + (torch.arange(count) * m) // count
 
 
-def block_sparse_row(pooled_q: torch.Tensor, pooled_k: torch.Tensor, qb: int, cfg: CrispConfig,
-                     scale: float) -> torch.Tensor:
-    """Key blocks attended by query block qb of a block-sparse head (bool [NB])."""
-    nb = pooled_k.shape[0]
+def block_sparse_row(p: torch.Tensor, qb: int, cfg: CrispConfig) -> torch.Tensor:
+    """Key blocks attended by query block qb of a block-sparse head (bool [NB]), given p [NB]: the row's estimated
+    attention per key block (0 after qb): the pooled softmax (pooled_row) or the sampled rows' (rows_mass)."""
+    nb = p.numel()
     sink, local = cfg.sink_blocks, cfg.local_blocks
-    p = torch.softmax(pooled_k[: qb + 1] @ pooled_q * scale, 0)
     keep = torch.zeros(nb, dtype=torch.bool)
     keep[: min(sink, qb + 1)] = True
     keep[max(0, qb - local): qb + 1] = True
@@ -303,9 +303,42 @@ def block_sparse_row(pooled_q: torch.Tensor, pooled_k: torch.Tensor, qb: int, cf
     if m > 0:
         cand = p[lo:hi]
         sampled = p[sample_positions(lo, m, cfg.floor_samples)] if cfg.budget == "floor" else None
-        always = p.sum() - cand.sum()
+        always = p[: qb + 1].sum() - cand.sum()
         keep[lo:hi] = _keep(cand, cand, torch.ones_like(cand), always, cfg, sampled=sampled)
     return keep
+
+
+def pooled_row(pooled_q: torch.Tensor, pooled_k: torch.Tensor, qb: int, scale: float) -> torch.Tensor:
+    """f32 [NB]: softmax over the key blocks j ≤ qb of pooled q[qb] · pooled k[j] · scale, 0 after qb."""
+    p = torch.zeros(pooled_k.shape[0])
+    p[: qb + 1] = torch.softmax(pooled_k[: qb + 1] @ pooled_q * scale, 0)
+    return p
+
+
+def sampled_rows(qb, block: int, rows: int, first: int, n: int) -> torch.Tensor:
+    """The `rows` positions [..., rows] query block(s) qb (an int or a tensor) sample: the last of every
+    block / rows, clamped to the chunk's positions [first, n) (a partial block repeats its last or first row)."""
+    step = block // rows
+    qb = torch.as_tensor(qb)
+    return (qb[..., None] * block + step * torch.arange(1, rows + 1, device=qb.device) - 1).clamp(first, n - 1)
+
+
+def rows_mass(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> torch.Tensor:
+    """f32 [H, NB, NB]: per head and query block qb the chunk touches, the mean over its sampled rows (sampled_rows)
+    of their exact causal softmax summed per key block; rows of other query blocks stay 0."""
+    q_len, heads, d = q.shape
+    n, block = k.shape[0], cfg.block_size
+    nb, first = num_blocks(n, block), n - q_len
+    kk = _expand_kv(k, heads).float()
+    out = torch.zeros(heads, nb, nb)
+    for qb in range(first // block, nb):
+        pos = sampled_rows(qb, block, cfg.rows, first, n).to(q.device)
+        keys = int(pos.max()) + 1
+        logits = torch.einsum("rhd,jhd->hrj", q[pos - first].float(), kk[:keys]) / math.sqrt(d)
+        logits = logits.masked_fill(torch.arange(keys, device=q.device)[None] > pos[:, None], float("-inf"))
+        p = torch.nn.functional.pad(torch.softmax(logits, -1), (0, nb * block - keys))
+        out[:, qb] = p.view(heads, cfg.rows, nb, block).sum(-1).mean(1).cpu()
+    return out
 
 
 def spike_mass(q: torch.Tensor, k: torch.Tensor, block: int, rows_per_step: int = 2048) -> torch.Tensor:
@@ -353,13 +386,16 @@ def select(q: torch.Tensor, k: torch.Tensor, sel: HeadSelection, cfg: CrispConfi
     qb0 = first_block(q, k, block)
     pooled_q = pool_blocks(q, block, k.shape[0] - q.shape[0]).cpu()  # rows: query blocks qb0 …
     pooled_k = _expand_kv(pool_blocks(k, block), heads).cpu()
+    sampled = rows_mass(q, k, cfg) if cfg.rows > 0 else None
     masks = torch.zeros(heads, nb, nb, dtype=torch.bool)
     for h in range(heads):
         for qb in range(qb0, nb):
             if int(sel.route[h] if route is None else route) == ROUTE_VERTICAL_SLASH:
                 masks[h, qb] = vertical_slash_union(sel.columns[h], sel.distances[h], qb)
             else:
-                masks[h, qb] = block_sparse_row(pooled_q[qb - qb0, h], pooled_k[:, h], qb, cfg, 1 / math.sqrt(d))
+                p = (sampled[h, qb] if sampled is not None
+                     else pooled_row(pooled_q[qb - qb0, h], pooled_k[:, h], qb, 1 / math.sqrt(d)))
+                masks[h, qb] = block_sparse_row(p, qb, cfg)
     if cfg.spike > 0:
         masks[:, qb0:] = add_spikes(masks[:, qb0:], spikes(q, k, cfg)[:, qb0:], cfg.max_blocks)
     return masks

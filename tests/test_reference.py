@@ -212,6 +212,7 @@ CHUNK_CONFIGS = {
     "cumulative": CHUNK_BASE.replace(budget="cumulative"),
     "jsd": CHUNK_BASE.replace(routing="jsd", tau=0.1),
     "window32": CHUNK_BASE.replace(last_q=32, tau=0.97),
+    "rows": CHUNK_BASE.replace(tau=1.5, rows=16, budget="cumulative", gamma=0.95, min_budget=0),
 }
 
 
@@ -338,3 +339,48 @@ def test_spike_off_is_the_plain_plan_and_bad_values_are_rejected():
     for bad in (-0.1, 1.0, float("nan")):
         with pytest.raises((ValueError, TypeError), match="spike"):
             CrispConfig(spike=bad)
+
+
+# --- sampled rows (CrispConfig.rows) --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("first", [0, 100])
+def test_rows_mass_is_the_sampled_rows_mean_attention(first):
+    """rows_mass[h, qb] = mean over the block's sampled rows (the last of every B / rows, clamped to the chunk) of
+    their causal softmax summed per key block: checked row by row against a direct softmax."""
+    q, k, _ = _rand(300, seed=8)
+    cfg = CrispConfig(block_size=64, rows=16)
+    got = R.rows_mass(q[first:], k, cfg)
+    assert got.shape == (4, 5, 5) and not got[:, : first // 64].any()
+    for h, qb in ((0, 4), (3, 2), (1, first // 64)):
+        pos = [min(max(qb * 64 + 4 * t + 3, first), 299) for t in range(16)]
+        want = torch.zeros(5)
+        for r in pos:
+            p = torch.softmax(q[r, h] @ k[: r + 1, h // 2].T / math.sqrt(32), -1)
+            want += torch.nn.functional.pad(p, (0, 320 - r - 1)).view(5, 64).sum(-1) / 16
+        assert torch.allclose(got[h, qb], want, atol=1e-6)
+        assert torch.allclose(got[h, qb].sum(), torch.tensor(1.0), atol=1e-5) and not got[h, qb, qb + 1:].any()
+
+
+def test_rows_select_block_sparse_rows_by_the_sampled_rows():
+    """With rows > 0 a block-sparse row keeps what block_sparse_row keeps on rows_mass's row; vertical-slash heads
+    are unchanged; with every row sampled and gamma 1 the row holds every block with mass."""
+    q, k, _ = (t[0] for t in synthetic_qkv(640, 4, 2, 64, seed=12))
+    cfg = CrispConfig(block_size=64, dense_below=0, min_budget=0, budget="cumulative", gamma=0.9, rows=16, spike=0.0)
+    sel, masks = R.plan(q, k, cfg.replace(tau=1.5))  # every head block-sparse
+    mass = R.rows_mass(q, k, cfg)
+    for h, qb in ((0, 9), (2, 5), (3, 7)):
+        assert torch.equal(masks[h, qb], R.block_sparse_row(mass[h, qb], qb, cfg))
+    pooled = R.plan(q, k, cfg.replace(tau=1.5, rows=0))[1]
+    assert not torch.equal(masks, pooled)  # another estimate, another selection
+    vs = R.plan(q, k, cfg.replace(tau=0.0))[1]
+    assert torch.equal(vs, R.plan(q, k, cfg.replace(tau=0.0, rows=0))[1])  # vertical-slash heads ignore rows
+    full = R.plan(q, k, cfg.replace(tau=1.5, rows=64, gamma=1.0))[1]
+    assert torch.equal(full, R.causal_block_mask(640, 4, 64))
+
+
+def test_rows_values_are_checked():
+    for bad in (8, 48, 128):
+        with pytest.raises(ValueError, match="CrispConfig.rows"):
+            CrispConfig(rows=bad)
+    with pytest.raises(ValueError, match="at most block_size=64"):
+        CrispConfig(block_size=64, rows=128)

@@ -5,7 +5,8 @@ estimated mass until they hold c of the estimate. With the exact mass it is the 
 with an estimate a kernel could afford, it says how close that selector gets to the oracle, at the model's
 accuracy bar, before any kernel is written:
   exact       the dense softmax mass summed over the block's rows (the oracle);
-  rowsS       the exact mass of S strided rows of each query block (the last of every B/S): S/B of the logits;
+  rowsS       the exact mass of S strided rows of each query block (the last of every B/S, as CrispConfig.rows
+              samples them: reference.sampled_rows): S/B of the logits;
   antidiagS   XAttention's antidiagonal scoring (arXiv 2503.16428): every S consecutive queries against every S
               consecutive keys, q_{gS+s} · k_{jS+S-1-s} summed over s, / (sqrt(d) · S), softmax over the causal
               key groups, summed per block: 1/S of the logits' FLOPs and 1/S² of their exponentials.
@@ -16,6 +17,8 @@ import math
 import re
 
 import torch
+
+from ..reference import sampled_rows
 
 ESTIMATES = ("exact", "rowsS", "antidiagS")  # S: a power of two dividing the block
 
@@ -33,14 +36,6 @@ def parse(estimate: str, block: int) -> tuple[str, int]:
 def per_query_block(x: torch.Tensor, qb: torch.Tensor, blocks: int) -> torch.Tensor:
     """Sum x [..., R, NB] over rows into their query blocks qb [R] (0-based in the step): [..., blocks, NB]."""
     return torch.zeros(*x.shape[:-2], blocks, x.shape[-1], device=x.device).index_add_(-2, qb, x)
-
-
-def sampled_rows(pos: torch.Tensor, block: int, stride: int) -> torch.Tensor:
-    """bool [R] over absolute row positions pos: the last row of every block // stride, and the sequence's last."""
-    step = block // stride
-    pick = (pos % step) == step - 1
-    pick[-1] = True
-    return pick
 
 
 def antidiagonal_mass(q: torch.Tensor, k: torch.Tensor, first: int, block: int, stride: int) -> torch.Tensor:
@@ -72,9 +67,10 @@ def estimated_mass(estimate: str, q: torch.Tensor, k: torch.Tensor, first: int, 
     qb, blocks = pos // block - first // block, -(-q.shape[-2] // block)
     if kind == "exact":
         return per_query_block(mass, qb, blocks)
-    if kind == "rows":
-        pick = sampled_rows(pos, block, stride)
-        return per_query_block(mass[..., pick, :], qb[pick], blocks)
+    if kind == "rows":  # reference.sampled_rows: CrispConfig.rows' rows
+        picked = sampled_rows(first // block + torch.arange(blocks, device=q.device), block, stride, first,
+                              first + q.shape[-2]) - first
+        return per_query_block(mass[..., picked.flatten(), :], qb[picked.flatten()], blocks)
     return antidiagonal_mass(q, k, first, block, stride)
 
 

@@ -28,7 +28,7 @@ import torch
 from capture_rows import Head, Rows, run
 
 from crisp_trt import CrispConfig, reference
-from crisp_trt.bench.estimators import antidiagonal_mass, coverage_keep, sampled_rows
+from crisp_trt.bench.estimators import antidiagonal_mass, coverage_keep
 
 COVERAGES = (0.9, 0.95, 0.98)
 SAMPLES = (4, 16)
@@ -59,7 +59,7 @@ def layer_rows(q, k, v, names) -> list[dict]:
     rows = Rows(n, block)
     qb = rows.blocks
     default = reference.plan(q, k, cfg)[1] if "default" in names else None
-    picks = {s: sampled_rows(rows.r, block, s) for s in SAMPLES}
+    picks = {s: torch.searchsorted(rows.r, reference.sampled_rows(qb, block, s, 0, n).flatten()) for s in SAMPLES}
     out = []
     for h in range(heads):
         kh = k[:, h // group]
