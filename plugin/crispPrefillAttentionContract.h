@@ -67,6 +67,7 @@ struct CrispParams
     int32_t chunked{0};
     int32_t returnLse{0};
     float spike{0.0F};
+    int32_t rows{0};
 
     int64_t window() const noexcept
     {
@@ -117,6 +118,7 @@ struct CrispParams
     X(chunked, chunked, kINT32) \
     X(return_lse, returnLse, kINT32) \
     X(spike, spike, kFLOAT32) \
+    X(rows, rows, kINT32) \
 
 //! Fields 0 .. kCRISP_NB_REQUIRED_FIELDS - 1 are required; the rest are optional (default: CrispParams').
 constexpr int32_t kCRISP_NB_REQUIRED_FIELDS = 18;
@@ -191,6 +193,10 @@ inline std::string crispCheckRanges(CrispParams const& p)
     if (!(std::isfinite(p.spike) && (0 <= p.spike && p.spike < 1)))
     {
         return "spike: expected a number in [0, 1) (0: off)";
+    }
+    if (!(((p.rows == 0 || p.rows == 16 || p.rows == 32 || p.rows == 64)) && (p.rows <= p.blockSize)))
+    {
+        return "rows: expected 0 (pooled) or 16, 32 or 64 rows, at most block_size";
     }
     if (!(1 <= p.numHeads && p.numHeads <= 1024))
     {
@@ -387,7 +393,7 @@ struct CrispLaunch
     int64_t grid[3];
     bool enabled;
 };
-constexpr int32_t kCRISP_NB_LAUNCHES = 11;
+constexpr int32_t kCRISP_NB_LAUNCHES = 12;
 
 //! The launches in order (crisp_trt/kernels/pipeline.py's), for S sequences of `total` packed query tokens
 //! and `totalK` packed key tokens.
@@ -408,6 +414,7 @@ inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams 
         {"route", {H, S, 1}, true},
         {"route_jsd", {H, S, 1}, (p.routing == "jsd")},
         {"spike", {z.nb, H, S}, (p.spike > 0)},
+        {"rows", {z.nb, H, S}, (p.rows > 0)},
         {"select", {crispCdiv(z.nb, kCRISP_QG), H, S}, true},
         {"attend", {z.nb, H, S}, true},
         {"poison_scan", {crispCdiv(crispMax((crispMax((total * H), (totalK * HK)) * D), 1), kCRISP_ELEMS), 3, 1}, true},
@@ -436,7 +443,7 @@ struct CrispTensors
     void const* cuSeqlensK;
     void* lse;
 };
-constexpr int32_t kCRISP_NB_ARGS = 72;
+constexpr int32_t kCRISP_NB_ARGS = 74;
 
 //! Every kernel argument of one enqueue, by name: the tensors, the workspace buffers, Triton's hidden
 //! pointers (a workspace buffer or null), the scalars and the variant constexprs (contract.py's tables).
@@ -519,6 +526,8 @@ inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p
         {"C", CrispParamType::kINT32, nullptr, static_cast<int64_t>(z.routeChunk), 0.F},
         {"FLOOR", CrispParamType::kINT32, nullptr, static_cast<int64_t>((p.budget == "floor")), 0.F},
         {"MIN_TOP", CrispParamType::kINT32, nullptr, static_cast<int64_t>((p.minBlocks() > 0)), 0.F},
+        {"R", CrispParamType::kINT32, nullptr, static_cast<int64_t>(p.rows), 0.F},
+        {"ROWS", CrispParamType::kINT32, nullptr, static_cast<int64_t>((p.rows > 0)), 0.F},
     }};
 }
 

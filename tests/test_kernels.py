@@ -93,6 +93,8 @@ PIPELINE_CONFIGS = {
     "spike_vertical_slash": BASE.replace(tau=0.0, kappa=64.0, spike=0.1),  # spikes beside columns and diagonals
     "spike_block_sparse": BASE.replace(tau=1.5, kappa=64.0, spike=0.1),  # ... beside a block-sparse row's picks
     "spike_capped": BASE.replace(tau=0.0, kappa=64.0, spike=0.01, max_budget=128),  # more spikes than max_blocks
+    "rows_cumulative": BASE.replace(tau=1.5, rows=16, budget="cumulative", gamma=0.95, min_budget=0),  # sampled rows
+    "rows_floor_mixed": BASE.replace(tau=0.8, rows=32, spike=0.1),  # ... floor budget, beside VS heads and spikes
 }
 
 
@@ -246,6 +248,7 @@ CHUNK_CASES = {  # (config, query lengths, kv lengths): offsets on and off block
     "varlen_offsets": (BASE.replace(dense_below=256, tau=0.97), [300, 0, 100, 20, 450], [640, 200, 200, 700, 450]),
     "jsd_window": (BASE.replace(routing="jsd", tau=0.1, last_q=32), [500, 10], [700, 400]),
     "spike_unaligned": (BASE.replace(tau=0.97, kappa=64.0, spike=0.1), [400, 37], [900, 300]),
+    "rows_unaligned": (BASE.replace(tau=1.5, rows=16, budget="cumulative", gamma=0.95), [400, 37], [900, 300]),
 }
 
 

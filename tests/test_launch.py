@@ -62,13 +62,15 @@ _STRINGS = ("struct", "jsd", "floor", "cumulative", "bogus", "")
 
 def _probes():
     """Field values around every range boundary, one field changed from the defaults at a time, and the
-    coupled pairs (last_q / min_budget / max_budget against block_size and each other)."""
+    coupled pairs (last_q / min_budget / max_budget / rows against block_size and each other)."""
     base = CrispConfig().to_dict()
     for name, value in base.items():
         for v in _STRINGS if isinstance(value, str) else _FLOATS if isinstance(value, float) else _INTS:
             yield {name: v}
     for block, last_q, lo, hi in itertools.product((64, 128), (0, 32, 128), (0, 64, 200), (64, 128, 192)):
         yield {"block_size": block, "last_q": last_q, "min_budget": lo, "max_budget": hi}
+    for block, rows in itertools.product((64, 128), (0, 16, 32, 64, 128)):
+        yield {"block_size": block, "rows": rows}
 
 
 def _valid_config(changes: dict) -> bool:
@@ -103,7 +105,8 @@ CONTRACT_CASES = [(CrispConfig(), (32, 8, 128), 1, 8192, 1), (CrispConfig(), (32
                   (method_config("crisp_jsd"), (9, 3, 64), 5, 13394, 1),
                   (CrispConfig(block_size=64, last_q=32, min_budget=0, max_budget=64), (1, 1, 256), 3, 1000, 4),
                   (method_config("flexprefill"), (32, 8, 128), 1, 524288, 1),
-                  (CrispConfig(coverage=0.0, sink_tokens=0), (64, 64, 64), 64, 1 << 20, 1)]
+                  (CrispConfig(coverage=0.0, sink_tokens=0), (64, 64, 64), 64, 1 << 20, 1),
+                  (CrispConfig(rows=16, tau=1.5, budget="cumulative"), (14, 2, 64), 2, 32768, 1)]
 
 
 def _cpp_value(value) -> str:

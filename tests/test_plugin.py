@@ -94,9 +94,11 @@ def test_fields_cover_config_and_heads():
     assert [n for n, _, _ in plugin.plugin_fields(CrispConfig(), 32, 8, 128)] == names + ["spike"]  # default 0.01
     optional = plugin.plugin_fields(CrispConfig(spike=0.01), 32, 8, 128, chunked=True, return_lse=True)
     assert [n for n, _, _ in optional] == names + ["chunked", "return_lse", "spike"]
-    assert [n for n, _, _ in optional] == [n for n, _ in contract.FIELDS]
+    assert [n for n, _, _ in optional] == [n for n, _ in contract.FIELDS][:-1]  # rows off: absent
     assert all(v.tolist() == [1] and k == "INT32" for _, v, k in optional[-3:-1])
     assert optional[-1][2] == "FLOAT32" and optional[-1][1].tolist() == [np.float32(0.01)]
+    rows = plugin.plugin_fields(CrispConfig(rows=16), 32, 8, 128)
+    assert [n for n, _, _ in rows] == names + ["spike", "rows"] and rows[-1][1].tolist() == [16]
     assert [n for n, _, _ in plugin.plugin_fields(CrispConfig(spike=0.0), 32, 8, 128, return_lse=True)][-1] == "return_lse"
     kinds = {name: kind for name, _, kind in fields}
     assert kinds["kappa"] == "FLOAT32" and kinds["routing"] == "CHAR" and kinds["block_size"] == "INT32"
@@ -340,7 +342,8 @@ def test_aot_images_match_the_launch_contract(aot_images):
     (CrispConfig(block_size=64, dense_below=0), (4, 2), 64, False),
     (method_config("flexprefill").replace(dense_below=0, last_q=32), (6, 2), 128, False),
     (method_config("crisp_jsd").replace(block_size=64, min_budget=0), (3, 3), 256, False),
-    (CrispConfig(block_size=64, dense_below=0), (4, 2), 64, True)])
+    (CrispConfig(block_size=64, dense_below=0), (4, 2), 64, True),
+    (CrispConfig(dense_below=0, tau=1.5, rows=16, budget="cumulative"), (14, 2), 64, True)])
 def test_aot_options_match_the_torch_launcher(monkeypatch, cfg, heads, d, chunked):
     """Every launch of the torch op is one the plugin makes: a cubin the AOT build compiles (same variant
     constexprs, fixed constexprs and num_warps/num_stages), in the contract's order with its grids, and every

@@ -43,17 +43,18 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
-from . import attend, contract, estimate, launch, poison, pool, route, select, spike
+from . import attend, contract, estimate, launch, poison, pool, route, rows, select, spike
 
 KERNELS = {launch.name(fn): fn for fn in (
     estimate.estimate_partial_kernel, estimate.estimate_mass_kernel, estimate.slash_reduce_kernel,
-    pool.pool_kernel, route.route_kernel, route.route_jsd_kernel, spike.spike_kernel, select.select_kernel,
+    pool.pool_kernel, route.route_kernel, route.route_jsd_kernel, spike.spike_kernel, rows.rows_kernel,
+    select.select_kernel,
     attend.attend_kernel,
     poison.poison_scan_kernel, poison.poison_apply_kernel)}
 DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128, 256)
 AXES = {"BLOCK": (64, 128), "L": (16, 32, 64, 128), "C": tuple(16 << i for i in range(7)), "FLOOR": (False, True),
-        "MIN_TOP": (False, True)}  # flags are bools, as the torch launcher passes them
+        "MIN_TOP": (False, True), "R": (16, 32, 64), "ROWS": (False, True)}  # flags: bools, as the torch launcher passes
 _TRITON = {"float32": "fp32", "int32": "i32", "int8": "i8", "input": "T"}  # contract dtype → element; T: q's dtype
 _BUFFER_DTYPE = {name: dtype for name, _, dtype, _ in contract.BUFFERS}
 ELEMENT = {"q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "o_ptr": "T", "cu_ptr": "i32", "cu_k_ptr": "i32", "lse_ptr": "fp32",
@@ -86,14 +87,14 @@ def has_dtype(fn) -> bool:
 
 
 def variants(stage: str, head_dims=HEAD_DIMS):
-    """The variant dicts of KERNELS[stage] ("dtype" plus its variant constexprs); L ≤ BLOCK."""
+    """The variant dicts of KERNELS[stage] ("dtype" plus its variant constexprs); L, R ≤ BLOCK."""
     fn = KERNELS[stage]
     names = variant_names(fn)
     domains = [head_dims if n == "D" else AXES[n] for n in names]
     for dtype in DTYPES if has_dtype(fn) else ("",):
         for values in itertools.product(*domains):
             v = dict(zip(names, values))
-            if v.get("L", 0) <= v.get("BLOCK", 1 << 30):
+            if max(v.get("L", 0), v.get("R", 0)) <= v.get("BLOCK", 1 << 30):
                 yield {"dtype": dtype, **v}
 
 

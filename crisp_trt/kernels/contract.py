@@ -44,6 +44,7 @@ OPTIONAL = {
     "chunked": 0,  # 1: a fifth input cu_seqlens_k (k, v hold the sequences' keys; q their last q_len positions)
     "return_lse": 0,  # 1: a second output, the LSE [tokens, num_heads] f32
     "spike": 0.0,  # CrispConfig.spike: select's per-row far-block detector (absent: off)
+    "rows": 0,  # CrispConfig.rows: block-sparse rows ranked by sampled rows' attention (absent: pooled)
 }
 
 
@@ -78,6 +79,7 @@ CHECKS = (
     ("gamma", "isfinite(gamma) and 0 < gamma <= 1", "a number in (0, 1]"),
     ("floor_samples", "floor_samples in (16, 32, 64, 128)", "16, 32, 64 or 128"),
     ("spike", "isfinite(spike) and 0 <= spike < 1", "a number in [0, 1) (0: off)"),
+    ("rows", "rows in (0, 16, 32, 64) and rows <= block_size", "0 (pooled) or 16, 32 or 64 rows, at most block_size"),
     ("num_heads", "1 <= num_heads <= 1024", "an int in [1, 1024]"),
     ("num_kv_heads", "1 <= num_kv_heads <= num_heads and num_heads % num_kv_heads == 0",
      "an int in [1, num_heads] that divides num_heads"),
@@ -150,6 +152,7 @@ LAUNCHES = (
     ("route", ("H", "S", "1"), "True"),
     ("route_jsd", ("H", "S", "1"), "routing == 'jsd'"),
     ("spike", ("nb", "H", "S"), "spike > 0"),
+    ("rows", ("nb", "H", "S"), "rows > 0"),
     ("select", ("cdiv(nb, QG)", "H", "S"), "True"),
     ("attend", ("nb", "H", "S"), "True"),
     ("poison_scan", ("cdiv(max(max(total * H, total_k * HK) * D, 1), ELEMS)", "3", "1"), "True"),
@@ -179,7 +182,8 @@ INT_ARGS = {
     "LOCAL": "local_blocks", "SAMPLES": "floor_samples", "q_width": "H * D", "kv_width": "HK * D",
     "width": "H * D", "BLOCK": "block_size",
     # variant constexprs (BLOCK above too)
-    "D": "D", "L": "window", "C": "route_chunk", "FLOOR": "budget == 'floor'", "MIN_TOP": "min_blocks > 0"}
+    "D": "D", "L": "window", "C": "route_chunk", "FLOOR": "budget == 'floor'", "MIN_TOP": "min_blocks > 0",
+    "R": "rows", "ROWS": "rows > 0"}
 
 
 def pow2(x: int) -> int:

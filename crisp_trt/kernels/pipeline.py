@@ -5,7 +5,7 @@ blocks; launch.Sizes / launch.buffers), with per-sequence bounds read on the dev
 no `.item()`, no `nonzero()`, no host synchronisation, so the op runs under CUDA-graph capture. Launch
 order (contract.LAUNCHES, which the TensorRT plugin is generated from): zero s_mass, keep maps,
 counts, poison flag → estimate_partial → estimate_mass → slash_reduce → pool → route (→ route_jsd) →
-(spike →) select → attend → poison_scan → poison_apply (non-finite q/k/v or malformed cu_seqlens → NaN output).
+(spike →) (rows →) select → attend → poison_scan → poison_apply (non-finite q/k/v or malformed cu_seqlens → NaN output).
 Chunked prefill: cu_seqlens_k gives each sequence's keys, cu_seqlens its queries (the last q_len ≤ kv_len
 positions); max_seqlen then bounds the kv lengths, and query blocks are absolute (reference.py).
 """
@@ -23,6 +23,7 @@ from .launch import QG, SLASH_ROWS, run, workspace
 from .poison import poison
 from .pool import pool_kernel
 from .route import route_jsd_kernel, route_kernel
+from .rows import rows_kernel
 from .select import select_kernel
 from .spike import spike_kernel
 
@@ -116,13 +117,17 @@ class Stages:
             run(spike_kernel, (z.nb, heads, seqs), self.q, *self.bounds, self.pooled_k_in, spikes, self.scale,
                 cfg.spike, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size,
                 d=self.d, BLOCK=cfg.block_size, D=self.d)
+        if cfg.rows > 0:
+            run(rows_kernel, (z.nb, heads, seqs), self.q, self.k, *self.bounds, self.route_, scratch, self.scale,
+                self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size, d=self.d,
+                BLOCK=cfg.block_size, D=self.d, R=cfg.rows)
         run(select_kernel, (-(-z.nb // QG), heads, seqs), *self.bounds, self.route_, self.columns, self.distances,
             self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, spikes, self.idx,
             self.counts, self.scale, *self.knobs, cfg.spike, cfg.min_blocks, cfg.max_blocks, self.total, self.total_k,
             heads, self.groups,
             z.nb, z.maxk,
             cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
-            block=cfg.block_size, d=self.d, D=self.d, **self.budget_flags)
+            block=cfg.block_size, d=self.d, D=self.d, ROWS=cfg.rows > 0, **self.budget_flags)
 
     def plan(self) -> Plan:
         self.estimate()

@@ -5,7 +5,8 @@ and a chunk's rows are those of the query blocks it touches, (kv_len − q_len) 
   vertical-slash head  row qb lists the kept columns c < qb, then qb − x for each kept distance
                        x ≥ 1 whose block is not already a column (reference.vertical_slash_union);
   block-sparse head    p = softmax(pooled K[: qb + 1] · pooled q[qb] · scale) is written to the row's
-                       scratch (one tl.dot per key chunk for QG rows), then the sink, the local blocks
+                       scratch (one tl.dot per key chunk for QG rows; ROWS: rows.py wrote the sampled rows'
+                       estimate there instead, reference.rows_mass), then the sink, the local blocks
                        and the candidates bisect.thresholds keeps (sampled noise floor, or cumulative
                        coverage) are listed in ascending order (reference.block_sparse_row);
   dense route          nothing: attend reads the sequence's dense flag.
@@ -79,7 +80,7 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr
                        sm_scale, kappa, quantile, gamma, spike, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL,
                        SAMPLES,
                        D: tl.constexpr, FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, QG: tl.constexpr,
-                       C: tl.constexpr):
+                       C: tl.constexpr, ROWS: tl.constexpr):
     HK = H // G
     d = tl.arange(0, D)
     qb_c = tl.minimum(tl.maximum(qb, qb0), nb - 1)  # a pooled row pool wrote, also for rows outside the chunk
@@ -88,7 +89,7 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr
     top = tl.max(tl.where(row_ok, qb, 0), 0) + 1
     m = tl.full([QG], float("-inf"), tl.float32)
     l = tl.zeros([QG], tl.float32)
-    kb0 = 0
+    kb0 = top if ROWS else 0  # ROWS: rows.py wrote the probabilities already
     while kb0 < top:  # pooled logits → scratch; row max and sum
         kb = kb0 + tl.arange(0, C)
         pk = tl.load(pk_ptr + ((s * NB + kb).to(tl.int64) * HK + h // G)[:, None] * D + d[None, :],
@@ -110,12 +111,15 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr
     all_mass = tl.zeros([QG], tl.float32)
     cand_mass = tl.zeros([QG], tl.float32)
     kb0 = 0
-    while kb0 < top:  # scratch ← probabilities
+    while kb0 < top:  # scratch ← probabilities (ROWS: read them)
         kb = kb0 + tl.arange(0, C)
         ok = (kb[None, :] <= qb[:, None]) & row_ok[:, None]
-        p = tl.exp(tl.load(scratch_ptr + base[:, None] + kb[None, :], mask=ok, other=float("-inf")) - m[:, None])
-        p = p * inv[:, None]
-        tl.store(scratch_ptr + base[:, None] + kb[None, :], p, mask=ok)
+        if ROWS:
+            p = tl.load(scratch_ptr + base[:, None] + kb[None, :], mask=ok, other=0.0)
+        else:
+            p = tl.exp(tl.load(scratch_ptr + base[:, None] + kb[None, :], mask=ok, other=float("-inf")) - m[:, None])
+            p = p * inv[:, None]
+            tl.store(scratch_ptr + base[:, None] + kb[None, :], p, mask=ok)
         all_mass += tl.sum(p, 1)
         cand_mass += tl.sum(tl.where((kb[None, :] >= lo[:, None]) & (kb[None, :] < hi[:, None]), p, 0.0), 1)
         kb0 += C
@@ -152,7 +156,7 @@ def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr,
                   pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, spike,
                   min_blocks, max_blocks,
                   total, total_k, H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr,
-                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
+                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, ROWS: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
     g = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -173,4 +177,4 @@ def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr,
         _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, s, h, row, qb, qb0, row_ok, nb,
                            sm_scale, kappa, quantile, gamma, spike, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL,
                            SAMPLES, D,
-                           FLOOR, MIN_TOP and not FLOOR, QG, KC)  # the floor budget has no min top-k here
+                           FLOOR, MIN_TOP and not FLOOR, QG, KC, ROWS)  # the floor budget has no min top-k here
