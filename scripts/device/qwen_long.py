@@ -51,6 +51,10 @@ CANDIDATES = {  # fixed before a run; chosen between on calibration text only. S
     **{f"cov{c}_spike0.01": CrispConfig(coverage=c, spike=0.01) for c in (0.98, 0.95, 0.9)},
     **{f"cov{c}_b8k_spike0.01": CrispConfig(coverage=c, max_budget=8192, spike=0.01) for c in (0.99, 0.95)},
     **{f"cov0.99_spike{t}": CrispConfig(coverage=0.99, spike=t) for t in (0.005, 0.02)},
+    # Session 22: every head block-sparse, ranked by 16 sampled rows' exact attention, until gamma of it (the
+    # block oracle at coverage 0.95 kept the 8k answers at density 0.33; 16 rows came within 1.0–1.4× of its error)
+    **{f"rows16_g{g}": CrispConfig(tau=1.5, rows=16, budget="cumulative", gamma=g, min_budget=0, spike=0.0)
+       for g in (0.95, 0.98)},
 }
 
 
@@ -106,7 +110,7 @@ def step_op(args):
     mdl, tok = model(args)
     rows = []
     for source, lengths in (("code", args.lengths), ("docs", args.docs_lengths)):
-        rows += run_real_model(mdl, tok, lengths, sources=(source,), configs=picked(), rope=rope_for(mdl),
+        rows += run_real_model(mdl, tok, lengths, sources=(source,), configs=picked(args.extra), rope=rope_for(mdl),
                                repeats=args.repeats, model_name="qwen", on_rows=lambda r: save("op", {"rows": rows + r}))
         save("op", {"rows": rows})
     print(f"{'workload':<14}{'n':>8} {'method':<12}{'ms':>9}{'x cuDNN':>9}{'density':>9}{'error':>8}"
@@ -121,7 +125,8 @@ def step_tune(args):
     from crisp_trt.bench import defaults
 
     mdl, tok = model(args)
-    rows = defaults.sweep(mdl, tok, CANDIDATES, args.tune_lengths, rope=rope_for(mdl))
+    candidates = {name: CANDIDATES[name] for name in args.candidates or CANDIDATES}
+    rows = defaults.sweep(mdl, tok, candidates, args.tune_lengths, rope=rope_for(mdl))
     pick = defaults.pick(rows)
     pick["config"] = CANDIDATES[pick["name"]].to_dict() if pick["name"] else None
     PICK.write_text(json.dumps(pick))
@@ -137,7 +142,7 @@ def step_e2e(args):
     from crisp_trt.bench.e2e import run_ttft
 
     mdl, tok = model(args)
-    configs = picked()
+    configs = picked(args.extra)
     methods = ("dense", "crisp", *configs, "flexprefill")
     rows = run_ttft(mdl, tok, args.lengths, methods, configs, rope=rope_for(mdl), repeats=args.repeats)
     save("e2e", {"rows": rows, "configs": {k: c.to_dict() for k, c in configs.items()}})
@@ -264,6 +269,8 @@ def main(argv=None):
     p.add_argument("--coverages", type=lambda s: [float(x) for x in s.split(",")], default=[0.8, 0.9, 0.95, 0.98, 1.0],
                    help="oracle: coverage budgets, comma-separated fractions (1.0: the fp32 control)")
     names = lambda s: [x for x in s.split(",") if x]  # noqa: E731
+    p.add_argument("--candidates", type=names, default=None,
+                   help="tune: CANDIDATES names to sweep (default: all; the default config always among them)")
     p.add_argument("--oracle-budgets", type=names, default=["default", "cov0.9_spike0.01", "cov0.99_b8k_spike0.01"],
                    help="oracle: CANDIDATES names; the oracle at each one's block counts, and CRISP under it")
     p.add_argument("--estimates", type=names, default=[],
@@ -278,15 +285,18 @@ def main(argv=None):
     p.add_argument("--skip", default="", help="acc: methods to leave out, comma-separated")
     p.add_argument("--no-ppl", dest="ppl", action="store_false")
     p.add_argument("--ppl-length", type=parse_length, default=32768, help="acc: perplexity at this length")
-    p.add_argument("--extra", choices=tuple(CANDIDATES), default=None, help="acc: one more CRISP config to score")
+    p.add_argument("--extra", choices=tuple(CANDIDATES), default=None, help="op, e2e, acc: one more CRISP config to measure")
     p.add_argument("--tasks", default="passkey,multikey", help="acc: tasks, comma-separated")
     p.add_argument("--budget-s", type=float, default=520.0, help="acc: start no (length, task) after this")
     p.add_argument("--tag", default="main", help="acc: JSON name suffix")
     args = p.parse_args(argv)
     args.skip = set(filter(None, args.skip.split(",")))
-    unknown = [b for b in args.oracle_budgets if b not in CANDIDATES]
-    if unknown:
-        p.error(f"--oracle-budgets {','.join(unknown)}: expected names of {', '.join(CANDIDATES)}")
+    for option, chosen in (("--oracle-budgets", args.oracle_budgets), ("--candidates", args.candidates or [])):
+        unknown = [b for b in chosen if b not in CANDIDATES]
+        if unknown:
+            p.error(f"{option} {','.join(unknown)}: expected names of {', '.join(CANDIDATES)}")
+    if args.candidates and "default" not in args.candidates:
+        args.candidates.insert(0, "default")
     for e in args.estimates:
         try:
             parse_estimate(e, CrispConfig().block_size)
