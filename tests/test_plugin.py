@@ -225,8 +225,8 @@ def test_schema_matches_python(built, lean_runtime):
     run = _check(built, lean_runtime, "fields")
     assert run.returncode == 0, run.stdout + run.stderr
     schema = [line.split() for line in run.stdout.splitlines() if not line.startswith("ok ")]
-    assert schema == [[name, kind] for name, _, kind in plugin.plugin_fields(CrispConfig(spike=0.01), 32, 8, 128,
-                                                                              chunked=True, return_lse=True)]
+    assert schema == [[name, kind] for name, _, kind in plugin.plugin_fields(CrispConfig(spike=0.01, rows=16), 32, 8,
+                                                                              128, chunked=True, return_lse=True)]
 
 
 def test_create_clone_roundtrip_build_queries_malformed(built, lean_runtime):
@@ -246,6 +246,7 @@ CONFIGS = [
     (CrispConfig(), (32, 8, 128), {"chunked": True, "return_lse": True}),
     (method_config("crisp_jsd"), (9, 3, 64), {"return_lse": True}),
     (CrispConfig(spike=0.01), (14, 2, 64), {}),
+    (CrispConfig(tau=1.5, rows=16, budget="cumulative", gamma=0.98, min_budget=0, spike=0.0), (14, 2, 64), {}),
 ]
 
 
@@ -444,6 +445,9 @@ GPU_CASES = [  # (id, sequence lengths, heads, kv heads, head_dim, dtype, config
     ("dense-8k", [8192], 32, 8, 128, "bfloat16", CrispConfig(dense_below=1 << 30)),
     ("spike-16k-14-2", [16384, 3000], 14, 2, 64, "bfloat16", SPARSE.replace(spike=0.01)),
     ("spike-block-sparse", [8192], 32, 8, 128, "float16", SPARSE.replace(spike=0.02, tau=1.5)),
+    ("rows16-14-2", [16384, 3000], 14, 2, 64, "bfloat16",
+     SPARSE.replace(tau=1.5, rows=16, budget="cumulative", gamma=0.98, min_budget=0)),
+    ("rows32-mixed", [8192], 32, 8, 128, "float16", SPARSE.replace(tau=0.8, rows=32)),
 ]
 CHUNK_GPU_CASES = [  # (id, kv lengths, query lengths: each sequence's last positions, heads, kv heads, d, dtype, config)
     ("128k-chunk-8k", [131072], [8192], 32, 8, 128, "bfloat16", SPARSE),
@@ -451,6 +455,8 @@ CHUNK_GPU_CASES = [  # (id, kv lengths, query lengths: each sequence's last posi
     ("chunks-9-3-d64-jsd", [6000, 2000], [129, 2000], 9, 3, 64, "bfloat16",
      method_config("crisp_jsd").replace(block_size=64)),
     ("spike-chunks", [9000, 3000], [1000, 3000], 14, 2, 64, "bfloat16", SPARSE.replace(spike=0.01)),
+    ("rows-chunks", [9000, 3000], [1000, 3000], 14, 2, 64, "bfloat16",
+     SPARSE.replace(tau=1.5, rows=16, budget="cumulative", gamma=0.98)),
 ]
 
 

@@ -4,7 +4,7 @@
  *   crisp_plugin_check <runtime.so> <plugin.so> fields            field schema: "name TYPE" lines
  *   crisp_plugin_check <runtime.so> <plugin.so> check             creator, create, clone, build queries,
  *                                                                 round trip, malformed collections, the
- *                                                                 optional fields (chunked, return_lse, spike)
+ *                                                                 optional fields (chunked, return_lse, spike, rows)
  *   crisp_plugin_check <runtime.so> <plugin.so> roundtrip FILE    FILE: "name TYPE hexbytes" lines; prints
  *                                                                 getFieldsToSerialize in the same format
  *   crisp_plugin_check <runtime.so> <plugin.so> fuzz N SEED       N random/malformed collections
@@ -116,7 +116,7 @@ Field charField(std::string name, std::string const& s)
     return makeField(std::move(name), PluginFieldType::kCHAR, s.data(), s.size(), static_cast<int32_t>(s.size()));
 }
 
-// The required fields' count; chunked, return_lse and spike follow, optional.
+// The required fields' count; chunked, return_lse, spike and rows follow, optional.
 constexpr int32_t kREQUIRED_FIELDS = 18;
 
 // CrispConfig() defaults, GQA 32/8, d = 128: the first plugin's 18 fields.
@@ -404,6 +404,16 @@ std::vector<std::pair<std::string, std::function<void(FieldSet&)>>> malformedCas
         s.fields.push_back(floatField("spike", 0.01F));
         s.fields.push_back(floatField("spike", 0.01F));
     });
+    for (int32_t bad : {-16, 8, 48, 128})
+    {
+        cases.emplace_back("out of range rows " + std::to_string(bad),
+            [bad](FieldSet& s) { s.fields.push_back(intField("rows", bad)); });
+    }
+    cases.emplace_back("wrong type rows", [](FieldSet& s) { s.fields.push_back(floatField("rows", 16.F)); });
+    cases.emplace_back("duplicate rows", [](FieldSet& s) {
+        s.fields.push_back(intField("rows", 16));
+        s.fields.push_back(intField("rows", 16));
+    });
     return cases;
 }
 
@@ -411,8 +421,8 @@ int check(Runtime& rt)
 {
     FieldSet valid = validFields();
     expect(static_cast<int32_t>(valid.fields.size()) == kREQUIRED_FIELDS, "the first plugin's 18 fields");
-    expect(rt.creator->getFieldNames() != nullptr && rt.creator->getFieldNames()->nbFields == kREQUIRED_FIELDS + 3,
-        "18 required fields + chunked, return_lse, spike");
+    expect(rt.creator->getFieldNames() != nullptr && rt.creator->getFieldNames()->nbFields == kREQUIRED_FIELDS + 4,
+        "18 required fields + chunked, return_lse, spike, rows");
     std::string const expected = describe(valid.collection());
     PluginPtr plugin = create(rt, valid.collection());
     expect(plugin != nullptr, "create from valid fields");
