@@ -9,14 +9,14 @@ import tempfile
 from pathlib import Path
 
 KERNELS = Path(__file__).resolve().parents[2] / "crisp_trt/kernels"
-IMPORTS = [("from .bounds import", "from crisp_trt.kernels.bounds import"),
-           ("from .launch import", "from crisp_trt.kernels.launch import")]
+IMPORTS = ("from .", "from crisp_trt.kernels.")  # relative imports → absolute ("from . import x" too)
 
 
 def variant_module(kernel: str, name: str, subs, tmp: Path):
     """crisp_trt/kernels/<kernel>.py with `subs` [(old, new), ...] applied, imported from tmp."""
-    text = (KERNELS / f"{kernel}.py").read_text()
-    for old, new in IMPORTS + subs:
+    text = (KERNELS / f"{kernel}.py").read_text().replace(*IMPORTS).replace("crisp_trt.kernels. import",
+                                                                             "crisp_trt.kernels import")
+    for old, new in subs:
         if old not in text:
             raise SystemExit(f"variant {name}: {old!r} not in {kernel}.py (the kernel changed: update the probe)")
         text = text.replace(old, new)
