@@ -20,6 +20,7 @@ constexpr int64_t kCRISP_ALIGN = 256;
 constexpr int64_t kCRISP_TENSOR_ALIGN = 16;
 constexpr int64_t kCRISP_QG = 16;
 constexpr int64_t kCRISP_KC = 64;
+constexpr int64_t kCRISP_RM = 128;
 constexpr int64_t kCRISP_RB = 16;
 constexpr int64_t kCRISP_SUBTILE = 64;
 constexpr int64_t kCRISP_ELEMS = 4096;
@@ -414,7 +415,7 @@ inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams 
         {"route", {H, S, 1}, true},
         {"route_jsd", {H, S, 1}, (p.routing == "jsd")},
         {"spike", {z.nb, H, S}, (p.spike > 0)},
-        {"rows", {z.nb, H, S}, (p.rows > 0)},
+        {"rows", {crispCdiv((z.nb * p.rows), kCRISP_RM), H, S}, (p.rows > 0)},
         {"select", {crispCdiv(z.nb, kCRISP_QG), H, S}, true},
         {"attend", {z.nb, H, S}, true},
         {"poison_scan", {crispCdiv(crispMax((crispMax((total * H), (totalK * HK)) * D), 1), kCRISP_ELEMS), 3, 1}, true},

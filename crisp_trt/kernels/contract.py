@@ -25,6 +25,7 @@ CONSTANTS = {
     "TENSOR_ALIGN": 16,        # bytes: the cubins assume 16-byte aligned pointers (Triton's JIT specialisation)
     "QG": 16,                  # query blocks per select program (tl.dot needs 16 rows)
     "KC": 64,                  # key blocks per select tile
+    "RM": 128,                 # sampled rows per rows program (RM / rows query blocks): one tensor-core tile
     "RB": 16,                  # offset blocks per slash_reduce program
     "SUBTILE": 64,             # widest [L, W] sub-tile of estimate_mass
     "ELEMS": 4096,             # elements per poison program
@@ -152,7 +153,7 @@ LAUNCHES = (
     ("route", ("H", "S", "1"), "True"),
     ("route_jsd", ("H", "S", "1"), "routing == 'jsd'"),
     ("spike", ("nb", "H", "S"), "spike > 0"),
-    ("rows", ("nb", "H", "S"), "rows > 0"),
+    ("rows", ("cdiv(nb * rows, RM)", "H", "S"), "rows > 0"),  # RM / rows query blocks a program
     ("select", ("cdiv(nb, QG)", "H", "S"), "True"),
     ("attend", ("nb", "H", "S"), "True"),
     ("poison_scan", ("cdiv(max(max(total * H, total_k * HK) * D, 1), ELEMS)", "3", "1"), "True"),

@@ -34,11 +34,12 @@ from . import contract
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 QG = contract.CONSTANTS["QG"]  # query blocks per select program (tl.dot needs 16 rows)
 SELECT_CHUNK = contract.CONSTANTS["KC"]  # key blocks per select tile
+ROWS_TILE = contract.CONSTANTS["RM"]  # sampled rows per rows program
 SLASH_ROWS = contract.CONSTANTS["RB"]  # offset blocks per slash_reduce program
 SUBTILE = contract.CONSTANTS["SUBTILE"]  # widest [L, W] sub-tile of estimate_mass
 POISON_ELEMS = contract.CONSTANTS["ELEMS"]  # elements per poison program
 ROUTE_CHUNK_MAX = contract.CONSTANTS["ROUTE_CHUNK_MAX"]  # widest route chunk
-WIDE = ("estimate_partial", "estimate_mass", "spike", "attend")  # 8 warps when BLOCK·D > 64·128
+WIDE = ("estimate_partial", "estimate_mass", "spike", "rows", "attend")  # 8 warps when BLOCK·D > 64·128
 
 
 def kernel(fn):
@@ -82,7 +83,8 @@ def arch_of(t: torch.Tensor) -> int:
 def fixed(block: int, d: int = 0, arch: int = 0) -> dict:
     """Constexprs these rules fix for a launch at this block size, head dim and arch; each kernel takes those it
     declares."""
-    return {"W": min(block, SUBTILE), "RB": SLASH_ROWS, "QG": QG, "KC": SELECT_CHUNK, "ELEMS": POISON_ELEMS,
+    return {"W": min(block, SUBTILE), "RB": SLASH_ROWS, "QG": QG, "KC": SELECT_CHUNK, "RM": ROWS_TILE,
+            "ELEMS": POISON_ELEMS,
             "INTERPRET": INTERPRET, "TMA": tma(block, d, arch)}
 
 

@@ -19,7 +19,7 @@ import torch
 from ..config import CrispConfig
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
-from .launch import QG, SLASH_ROWS, run, workspace
+from .launch import QG, ROWS_TILE, SLASH_ROWS, run, workspace
 from .poison import poison
 from .pool import pool_kernel
 from .route import route_jsd_kernel, route_kernel
@@ -118,7 +118,7 @@ class Stages:
                 cfg.spike, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size,
                 d=self.d, BLOCK=cfg.block_size, D=self.d)
         if cfg.rows > 0:
-            run(rows_kernel, (z.nb, heads, seqs), self.q, self.k, *self.bounds, self.route_, scratch, self.scale,
+            run(rows_kernel, (-(-(z.nb * cfg.rows) // ROWS_TILE), heads, seqs), self.q, self.k, *self.bounds, self.route_, scratch, self.scale,
                 self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size, d=self.d,
                 BLOCK=cfg.block_size, D=self.d, R=cfg.rows)
         run(select_kernel, (-(-z.nb // QG), heads, seqs), *self.bounds, self.route_, self.columns, self.distances,

@@ -1,11 +1,12 @@
 """rows: the sampled-row estimate select ranks block-sparse rows by (CrispConfig.rows > 0; reference.rows_mass).
 
-Grid (NB, H, S): program (qb, h, s) of a block-sparse head takes R sampled rows of query block qb (the last of
-every BLOCK / R, clamped to the chunk: reference.sampled_rows) and their exact causal softmax against every key
-j ≤ the row, in two passes over the key blocks kb ≤ qb: each row's max and Σexp (log2 domain), then each key
-block's probability summed over its keys and averaged over the rows, written to select's scratch row
-scratch[s, h, qb, kb] (select reads it instead of the pooled softmax). Other heads and blocks exit at once.
-Cost ≈ R / BLOCK of dense attention's logits, twice (no P·V).
+Grid (NB / (RM / R), H, S): program (g, h, s) of a block-sparse head takes the R sampled rows (the last of every
+BLOCK / R, clamped to the chunk: reference.sampled_rows) of each of its RM / R consecutive query blocks — one
+[RM, D] tile of queries — and their exact causal softmax against every key up to the row, in two passes over the
+key blocks: each row's max and Σexp (log2 domain), then each key block's probability summed over its keys and
+averaged over a query block's rows, written to select's scratch row scratch[s, h, qb, kb] (select reads it
+instead of the pooled softmax). Other heads exit at once. RM rows a tile keep the dot products tensor-core sized
+and read each key block once for RM / R query blocks. Cost ≈ R / BLOCK of dense attention's logits, twice (no P·V).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .launch import kernel
 
 @triton.jit
 def _logits(q, k_ptr, k_start, kb, pos, qk_scale, hk, HK, BLOCK: tl.constexpr, D: tl.constexpr):
-    """Log2-domain logits [R, BLOCK] of the sampled rows against key block kb, keys after each row masked."""
+    """Log2-domain logits [RM, BLOCK] of the sampled rows against key block kb, keys after each row masked."""
     kpos = kb * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, D)
     k = tl.load(k_ptr + ((k_start + kpos).to(tl.int64) * HK + hk)[:, None] * D + d[None, :],
@@ -29,29 +30,36 @@ def _logits(q, k_ptr, k_start, kb, pos, qk_scale, hk, HK, BLOCK: tl.constexpr, D
 
 @kernel
 def rows_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, route_ptr, scratch_ptr, sm_scale, dense_below, total, total_k, H, G,
-                NB, BLOCK: tl.constexpr, D: tl.constexpr, R: tl.constexpr):
-    qb = tl.program_id(0)
+                NB, BLOCK: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RM: tl.constexpr):
+    g = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
     q_start, q_len, k_start, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NB * BLOCK)
     first = n - q_len
-    if (n < dense_below) | (qb * BLOCK >= n) | (qb * BLOCK + BLOCK <= first):
+    qb_lo = g * (RM // R)
+    if (n < dense_below) | (qb_lo * BLOCK >= n) | ((qb_lo + RM // R) * BLOCK <= first):
         return
     if tl.load(route_ptr + s * H + h) != 2:
         return
-    pos = tl.minimum(tl.maximum(qb * BLOCK + (BLOCK // R) * (tl.arange(0, R) + 1) - 1, first), n - 1)
+    t = tl.arange(0, RM)
+    qb = qb_lo + t // R  # each row's query block
+    pos = tl.minimum(tl.maximum(qb * BLOCK + (BLOCK // R) * (t % R + 1) - 1, first), n - 1)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + ((q_start - first + pos).to(tl.int64) * H + h)[:, None] * D + d[None, :])
     qk_scale = sm_scale * 1.4426950408889634
-    m = tl.full([R], float("-inf"), tl.float32)
-    l = tl.zeros([R], tl.float32)
-    for kb in range(0, qb + 1):  # each row's max and Σexp2 (every row has its own key: never empty)
+    top = tl.minimum((n - 1) // BLOCK, qb_lo + RM // R - 1)
+    m = tl.full([RM], float("-inf"), tl.float32)
+    l = tl.zeros([RM], tl.float32)
+    for kb in range(0, top + 1):  # each row's max and Σexp2 (every row has its own key: never empty)
         x = _logits(q, k_ptr, k_start, kb, pos, qk_scale, h // G, H // G, BLOCK, D)
         m_new = tl.maximum(m, tl.max(x, 1))
         l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
         m = m_new
     inv = 1.0 / (l * R)
-    out = scratch_ptr + ((s * H + h).to(tl.int64) * NB + qb) * NB
-    for kb in range(0, qb + 1):  # each key block's mean probability over the rows
+    blocks = qb_lo + tl.arange(0, RM // R)
+    ok = (blocks * BLOCK < n) & (blocks * BLOCK + BLOCK > first)
+    out = scratch_ptr + ((s * H + h).to(tl.int64) * NB + blocks) * NB
+    for kb in range(0, top + 1):  # each key block's mean probability over a query block's rows
         x = _logits(q, k_ptr, k_start, kb, pos, qk_scale, h // G, H // G, BLOCK, D)
-        tl.store(out + kb, tl.sum(tl.sum(tl.exp2(x - m[:, None]), 1) * inv, 0))
+        per_row = tl.sum(tl.exp2(x - m[:, None]), 1) * inv
+        tl.store(out + kb, tl.sum(tl.reshape(per_row, (RM // R, R)), 1), mask=ok & (kb <= blocks))
