@@ -3,10 +3,11 @@
     python3 scripts/probes/profile_plan.py [n ...]     # default 131072; Llama-3-8B shape, synthetic, bf16
     SHAPE=smollm2 python3 scripts/probes/profile_plan.py 8192   # SmolLM2's 9 / 3 heads, d = 64
     SPIKE=0 SHAPE=qwen python3 scripts/probes/profile_plan.py 16384 32768   # without select's spike stage
+    CONFIG='{"rows": 16, "tau": 1.5}' SHAPE=qwen python3 scripts/probes/profile_plan.py 32768   # CrispConfig fields
     OPTIONS="shipped;route=1;estimate_mass=4/2" python3 scripts/probes/profile_plan.py 8192   # launch options
 
 Prints, per n, each kernel's mean time over 5 runs and its share; writes
-$OUT/profile_<shape>_<n>[_nospike][_<setting>].json. OPTIONS lists settings separated by ";", each "shipped"
+$OUT/profile_<shape>_<n>[_nospike][_rows<R>][_<setting>].json. OPTIONS lists settings separated by ";", each "shipped"
 or comma-separated stage=num_warps[/num_stages] overrides of launch.options (a measurement before changing the
 launch rule); every setting's plan (list lengths, keep maps, routes) is checked equal to the first's and its
 C_struct gap printed (launch options change only the order of float sums). PLAN_DIR=dir saves each plan there
@@ -31,7 +32,8 @@ from crisp_trt.workloads.synthetic import synthetic_qkv
 SHAPE = os.environ.get("SHAPE", "llama3_8b")
 H, HKV, D = SHAPES[SHAPE]
 RUNS = 5
-CONFIG = CrispConfig(**({"spike": float(os.environ["SPIKE"])} if "SPIKE" in os.environ else {}))  # SPIKE=0: no spike stage
+CONFIG = CrispConfig.from_dict({**CrispConfig().to_dict(), **json.loads(os.environ.get("CONFIG", "{}")),
+                                **({"spike": float(os.environ["SPIKE"])} if "SPIKE" in os.environ else {})})
 
 
 SHIPPED = launch.options
@@ -94,13 +96,13 @@ def main() -> None:
         for setting in settings:
             override(setting)
             tag = "" if setting == "shipped" else "_" + setting.replace("=", "").replace("/", "s").replace(",", "_")
-            name = f"profile_{SHAPE}_{n}{'' if CONFIG.spike else '_nospike'}{tag}"
+            name = f"profile_{SHAPE}_{n}{'' if CONFIG.spike else '_nospike'}{'_rows%d' % CONFIG.rows if CONFIG.rows else ''}{tag}"
             wall, times, plan = kernel_times(n, CONFIG, name)
             first = first or plan
             same = all(torch.equal(a, b) for a, b in zip(first[:-1], plan[:-1]))
             c_gap = (first[-1] - plan[-1]).abs().max().item()
             with open(os.path.join(out, f"{name}.json"), "w") as f:
-                json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "device": torch.cuda.get_device_name(),
+                json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "config": CONFIG.to_dict(), "device": torch.cuda.get_device_name(),
                            "options": setting, "plan_equal_to_first": same, "c_struct_gap": c_gap, "wall_ms": wall,
                            "ms": times}, f, indent=1)
             stages = {k.removesuffix("_kernel"): ms for k, ms in times.items() if k.removesuffix("_kernel") in PLAN}
