@@ -13,6 +13,8 @@ with the largest *estimated* mass (diagonal first) until the estimate covers c o
   antidiagS_c   XAttention's estimate: every S consecutive rows against every S consecutive keys summed along
                 the antidiagonal (q_{gS+s} · k_{jS+S-1-s}), divided by S, softmax over the key groups, summed
                 per block: costs 1/S of the dense logits and 1/S² of their exponentials
+  rawS_c        rowsS without each row's own normalisation: exp(logit − the block's largest) summed over its rows
+                (what one pass over the keys could compute; rows with a larger partition function weigh more)
   default       CRISP's default plan (reference.plan), for the density and error it has today
 Scored as capture_rows scores every probe: output error against dense (fp32, pooled over heads) and density
 (attended / causal keys) on whole query blocks spread over the sequence. Calibration captures only. Prints a
@@ -52,6 +54,20 @@ def pooled_mass(q_rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor, block: i
     return torch.softmax(logits, -1)
 
 
+def unnormalised_mass(q_rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor, inv: torch.Tensor, blocks: int,
+                      block: int) -> torch.Tensor:
+    """[blocks, NB]: per scored query block (inv: each row's), Σ over its rows of exp(logit − the block's largest
+    logit) per key block, causal: no row normalised by its own sum."""
+    n, d = k.shape
+    logits = (q_rows.float() @ k.float().T / math.sqrt(d)).masked_fill(torch.arange(n)[None] > r[:, None],
+                                                                          float("-inf"))
+    top = torch.full((blocks,), float("-inf")).index_reduce_(0, inv, logits.amax(-1), "amax")
+    e = torch.exp(logits - top[inv][:, None])
+    nb = reference.num_blocks(n, block)
+    return torch.zeros(blocks, nb).index_add_(0, inv, torch.nn.functional.pad(e, (0, nb * block - n)).view(
+        len(r), nb, block).sum(-1))
+
+
 def layer_rows(q, k, v, names) -> list[dict]:
     n, heads, _ = q.shape
     cfg = CrispConfig()
@@ -71,6 +87,7 @@ def layer_rows(q, k, v, names) -> list[dict]:
             ests[f"rows{s}"] = torch.zeros_like(head.per_block).index_add_(0, inv, head.mass[pick])
             pm = pooled_mass(q[rows.r[pick], h], kh, rows.r[pick], block)
             ests[f"pooled{s}"] = torch.zeros_like(head.per_block).index_add_(0, inv, pm)
+            ests[f"raw{s}"] = unnormalised_mass(q[rows.r[pick], h], kh, rows.r[pick], inv, len(qb), block)
         for s in STRIDES:  # one scored query block at a time: they are spread, antidiagonal_mass wants a prefix
             ests[f"antidiag{s}"] = torch.cat([
                 torch.nn.functional.pad(antidiagonal_mass(q[b * block:(b + 1) * block, h], kh[:(b + 1) * block],
@@ -87,7 +104,7 @@ def layer_rows(q, k, v, names) -> list[dict]:
 
 
 def main(paths: list[str]) -> None:
-    names = [f"{e}_{c}" for e in ("oracle", *(f"{kind}{s}" for kind in ("rows", "pooled") for s in SAMPLES),
+    names = [f"{e}_{c}" for e in ("oracle", *(f"{kind}{s}" for kind in ("rows", "pooled", "raw") for s in SAMPLES),
                                        *(f"antidiag{s}" for s in STRIDES))
              for c in COVERAGES] + ["default"]
     only = {int(x) for x in os.environ.get("LAYERS", "").split(",") if x}
