@@ -49,9 +49,9 @@ class CrispConfig:
                    faster below 128k (bench/NOTES.md, sessions 15 and 17).
     rows           block-sparse rows rank their key blocks by the exact attention of this many strided rows of
                    the query block (the last of every block_size / rows; reference.rows_mass) instead of the
-                   pooled-q · pooled-k softmax; 0: pooled. On real Qwen attention at 8k, 16 rows select within
-                   1.0–1.4× of the block oracle's error at its density, where pooled rows have 4–6× (bench/NOTES.md,
-                   session 22).
+                   pooled-q · pooled-k softmax; 0: pooled. On real Qwen attention 16 rows select within 1.4–2.1×
+                   of a block oracle's per-layer error at its density at 8k (pooled rows: ≈ 6×) and 2.1–2.5× its
+                   KL at 32k (bench/NOTES.md, session 22). Off by default: its kernel is not yet timed fast.
     """
 
     block_size: int = 128
