@@ -195,9 +195,9 @@ inline std::string crispCheckRanges(CrispParams const& p)
     {
         return "spike: expected a number in [0, 1) (0: off)";
     }
-    if (!(((p.rows == 0 || p.rows == 16 || p.rows == 32 || p.rows == 64)) && (p.rows <= p.blockSize)))
+    if (!((p.rows == 0 || p.rows == 16 || p.rows == 32 || p.rows == 64)))
     {
-        return "rows: expected 0 (pooled) or 16, 32 or 64 rows, at most block_size";
+        return "rows: expected 0 (pooled) or 16, 32 or 64 rows";
     }
     if (!(1 <= p.numHeads && p.numHeads <= 1024))
     {

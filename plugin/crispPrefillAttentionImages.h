@@ -12,7 +12,7 @@ namespace crisp
 
 enum class CrispParamType : int32_t
 {
-    kPOINTER, //!< a device pointer (Triton's hidden scratch pointers are passed null)
+    kPOINTER, //!< a device pointer (Triton's hidden scratch pointers: the workspace's descriptors buffer or null)
     kINT32,
     kFLOAT32,
 };

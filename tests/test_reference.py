@@ -382,5 +382,3 @@ def test_rows_values_are_checked():
     for bad in (8, 48, 128):
         with pytest.raises(ValueError, match="CrispConfig.rows"):
             CrispConfig(rows=bad)
-    with pytest.raises(ValueError, match="at most block_size=64"):
-        CrispConfig(block_size=64, rows=128)

@@ -41,7 +41,7 @@ def per_query_block(x: torch.Tensor, qb: torch.Tensor, blocks: int) -> torch.Ten
 def antidiagonal_mass(q: torch.Tensor, k: torch.Tensor, first: int, block: int, stride: int) -> torch.Tensor:
     """[..., QB, NB]: the antidiagonal estimate for the query blocks of q [..., R, d] (rows at positions first …,
     first a multiple of the block) against k [..., n, d] (keys 0 … n − 1, n ≥ first + R). A partial last group
-    is padded with zero queries (uniform over its causal key groups)."""
+    is padded with zero queries, which only drop their terms from its antidiagonal sums."""
     rows, d = q.shape[-2:]
     n = k.shape[-2]
     if first % block:

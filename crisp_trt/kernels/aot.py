@@ -43,6 +43,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
+from ..config import ROWS
 from . import attend, contract, estimate, launch, poison, pool, route, rows, select, spike
 
 KERNELS = {launch.name(fn): fn for fn in (
@@ -54,7 +55,7 @@ KERNELS = {launch.name(fn): fn for fn in (
 DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128, 256)
 AXES = {"BLOCK": (64, 128), "L": (16, 32, 64, 128), "C": tuple(16 << i for i in range(7)), "FLOOR": (False, True),
-        "MIN_TOP": (False, True), "R": (16, 32, 64), "ROWS": (False, True)}  # flags: bools, as the torch launcher passes
+        "MIN_TOP": (False, True), "R": tuple(r for r in ROWS if r), "ROWS": (False, True)}  # flags: bools, as the torch launcher passes
 _TRITON = {"float32": "fp32", "int32": "i32", "int8": "i8", "input": "T"}  # contract dtype → element; T: q's dtype
 _BUFFER_DTYPE = {name: dtype for name, _, dtype, _ in contract.BUFFERS}
 ELEMENT = {"q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "o_ptr": "T", "cu_ptr": "i32", "cu_k_ptr": "i32", "lse_ptr": "fp32",
@@ -87,14 +88,14 @@ def has_dtype(fn) -> bool:
 
 
 def variants(stage: str, head_dims=HEAD_DIMS):
-    """The variant dicts of KERNELS[stage] ("dtype" plus its variant constexprs); L, R ≤ BLOCK."""
+    """The variant dicts of KERNELS[stage] ("dtype" plus its variant constexprs); L ≤ BLOCK."""
     fn = KERNELS[stage]
     names = variant_names(fn)
     domains = [head_dims if n == "D" else AXES[n] for n in names]
     for dtype in DTYPES if has_dtype(fn) else ("",):
         for values in itertools.product(*domains):
             v = dict(zip(names, values))
-            if max(v.get("L", 0), v.get("R", 0)) <= v.get("BLOCK", 1 << 30):
+            if v.get("L", 0) <= v.get("BLOCK", 1 << 30):
                 yield {"dtype": dtype, **v}
 
 

@@ -16,7 +16,7 @@ import ast
 import functools
 import math
 
-from ..config import KAPPA_HALVINGS, CrispConfig
+from ..config import KAPPA_HALVINGS, ROWS, CrispConfig
 
 # Constants both sides use (launch.py re-exports the ones it needs).
 CONSTANTS = {
@@ -80,7 +80,7 @@ CHECKS = (
     ("gamma", "isfinite(gamma) and 0 < gamma <= 1", "a number in (0, 1]"),
     ("floor_samples", "floor_samples in (16, 32, 64, 128)", "16, 32, 64 or 128"),
     ("spike", "isfinite(spike) and 0 <= spike < 1", "a number in [0, 1) (0: off)"),
-    ("rows", "rows in (0, 16, 32, 64) and rows <= block_size", "0 (pooled) or 16, 32 or 64 rows, at most block_size"),
+    ("rows", f"rows in {ROWS}", "0 (pooled) or 16, 32 or 64 rows"),
     ("num_heads", "1 <= num_heads <= 1024", "an int in [1, 1024]"),
     ("num_kv_heads", "1 <= num_kv_heads <= num_heads and num_heads % num_kv_heads == 0",
      "an int in [1, num_heads] that divides num_heads"),

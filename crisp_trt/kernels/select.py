@@ -84,12 +84,15 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr
     HK = H // G
     d = tl.arange(0, D)
     qb_c = tl.minimum(tl.maximum(qb, qb0), nb - 1)  # a pooled row pool wrote, also for rows outside the chunk
-    pq = tl.load(pq_ptr + ((s * NB + qb_c).to(tl.int64) * H + h)[:, None] * D + d[None, :])
+    if ROWS:  # no pooled logits: rows.py wrote the probabilities already
+        pq = tl.zeros([QG, D], tl.float32)
+    else:
+        pq = tl.load(pq_ptr + ((s * NB + qb_c).to(tl.int64) * H + h)[:, None] * D + d[None, :])
     base = row * NB  # this row's scratch
     top = tl.max(tl.where(row_ok, qb, 0), 0) + 1
     m = tl.full([QG], float("-inf"), tl.float32)
     l = tl.zeros([QG], tl.float32)
-    kb0 = top if ROWS else 0  # ROWS: rows.py wrote the probabilities already
+    kb0 = top if ROWS else 0
     while kb0 < top:  # pooled logits → scratch; row max and sum
         kb = kb0 + tl.arange(0, C)
         pk = tl.load(pk_ptr + ((s * NB + kb).to(tl.int64) * HK + h // G)[:, None] * D + d[None, :],

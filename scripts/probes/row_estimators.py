@@ -6,10 +6,10 @@ The Qwen oracle (session 21, CPU 8k) keeps the model's answers at density 0.33 w
 block; CRISP's default needs 0.74. Each selection here keeps, per head and scored query block, the key blocks
 with the largest *estimated* mass (diagonal first) until the estimate covers c of it:
   oracle_c      the true mass, mean over the block's rows (what the oracle of bench.oracle keeps)
-  rowsS_c       exact softmax rows of S strided rows of the block (the last of every B/S rows), their mean mass:
-                costs S/B of the dense logits
+  rowsS_c       exact softmax rows of S strided rows of the block (the last of every B/S rows), their summed mass
+                (what estimators.estimated_mass "rowsS" and CrispConfig.rows compute): costs S/B of the dense logits
   pooledS_c     S strided rows against the key blocks' mean keys (softmax over blocks, the row's own block
-                causal-partial): costs S/B² — the spike stage's detector, averaged instead of maxed
+                causal-partial, where the spike stage's detector takes its whole mean): costs S/B²
   antidiagS_c   XAttention's estimate: every S consecutive rows against every S consecutive keys summed along
                 the antidiagonal (q_{gS+s} · k_{jS+S-1-s}), divided by S, softmax over the key groups, summed
                 per block: costs 1/S of the dense logits and 1/S² of their exponentials

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import tempfile
 from pathlib import Path
 
 KERNELS = Path(__file__).resolve().parents[2] / "crisp_trt/kernels"
-IMPORTS = ("from .", "from crisp_trt.kernels.")  # relative imports → absolute ("from . import x" too)
+IMPORTS = re.compile(r"^from \.(?!\.)(\w*) import", re.M)  # a sibling's relative import → absolute
 
 
 def variant_module(kernel: str, name: str, subs, tmp: Path):
     """crisp_trt/kernels/<kernel>.py with `subs` [(old, new), ...] applied, imported from tmp."""
-    text = (KERNELS / f"{kernel}.py").read_text().replace(*IMPORTS).replace("crisp_trt.kernels. import",
-                                                                             "crisp_trt.kernels import")
+    text = IMPORTS.sub(lambda m: f"from crisp_trt.kernels{'.' + m[1] if m[1] else ''} import",
+                       (KERNELS / f"{kernel}.py").read_text())
+    if re.search(r"^from \.\.", text, re.M):
+        raise SystemExit(f"variant {name}: {kernel}.py imports from outside crisp_trt.kernels (update the probe)")
     for old, new in subs:
         if old not in text:
             raise SystemExit(f"variant {name}: {old!r} not in {kernel}.py (the kernel changed: update the probe)")
