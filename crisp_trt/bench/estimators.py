@@ -20,9 +20,6 @@ import torch
 
 from ..reference import sampled_rows
 
-ESTIMATES = ("exact", "rowsS", "antidiagS")  # S: a power of two dividing the block
-
-
 def parse(estimate: str, block: int) -> tuple[str, int]:
     """(kind, S) of an estimate name; a clear error for anything else."""
     m = re.fullmatch(r"(exact)|(rows|antidiag)(\d+)", estimate)

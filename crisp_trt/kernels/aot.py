@@ -55,7 +55,8 @@ KERNELS = {launch.name(fn): fn for fn in (
 DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128, 256)
 AXES = {"BLOCK": (64, 128), "L": (16, 32, 64, 128), "C": tuple(16 << i for i in range(7)), "FLOOR": (False, True),
-        "MIN_TOP": (False, True), "R": tuple(r for r in ROWS if r), "ROWS": (False, True)}  # flags: bools, as the torch launcher passes
+        "MIN_TOP": (False, True), "R": tuple(r for r in ROWS if r),
+        "ROWS": (False, True)}  # flags are bools, as the torch launcher passes them
 _TRITON = {"float32": "fp32", "int32": "i32", "int8": "i8", "input": "T"}  # contract dtype → element; T: q's dtype
 _BUFFER_DTYPE = {name: dtype for name, _, dtype, _ in contract.BUFFERS}
 ELEMENT = {"q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "o_ptr": "T", "cu_ptr": "i32", "cu_k_ptr": "i32", "lse_ptr": "fp32",

@@ -118,9 +118,9 @@ class Stages:
                 cfg.spike, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size,
                 d=self.d, BLOCK=cfg.block_size, D=self.d)
         if cfg.rows > 0:
-            run(rows_kernel, (-(-(z.nb * cfg.rows) // ROWS_TILE), heads, seqs), self.q, self.k, *self.bounds, self.route_, scratch, self.scale,
-                self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size, d=self.d,
-                BLOCK=cfg.block_size, D=self.d, R=cfg.rows)
+            run(rows_kernel, (-(-(z.nb * cfg.rows) // ROWS_TILE), heads, seqs), self.q, self.k, *self.bounds,
+                self.route_, scratch, self.scale, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb,
+                block=cfg.block_size, d=self.d, BLOCK=cfg.block_size, D=self.d, R=cfg.rows)
         run(select_kernel, (-(-z.nb // QG), heads, seqs), *self.bounds, self.route_, self.columns, self.distances,
             self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, spikes, self.idx,
             self.counts, self.scale, *self.knobs, cfg.spike, cfg.min_blocks, cfg.max_blocks, self.total, self.total_k,

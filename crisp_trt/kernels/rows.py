@@ -18,12 +18,13 @@ from .launch import kernel
 
 
 @triton.jit
-def _logits(q, k_ptr, k_start, kb, pos, qk_scale, hk, HK, BLOCK: tl.constexpr, D: tl.constexpr):
-    """Log2-domain logits [RM, BLOCK] of the sampled rows against key block kb, keys after each row masked."""
+def _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, hk, HK, BLOCK: tl.constexpr, D: tl.constexpr):
+    """Log2-domain logits [RM, BLOCK] of the sampled rows at positions pos against key block kb, keys after each
+    row masked (keys after `last`, the latest row, not read)."""
     kpos = kb * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, D)
     k = tl.load(k_ptr + ((k_start + kpos).to(tl.int64) * HK + hk)[:, None] * D + d[None, :],
-                mask=(kpos <= tl.max(pos, 0))[:, None], other=0.0)
+                mask=(kpos <= last)[:, None], other=0.0)
     x = tl.dot(q, tl.trans(k)) * qk_scale
     return tl.where(kpos[None, :] <= pos[:, None], x, float("-inf"))
 
@@ -47,11 +48,12 @@ def rows_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, route_ptr, scratch_ptr, sm_scale
     d = tl.arange(0, D)
     q = tl.load(q_ptr + ((q_start - first + pos).to(tl.int64) * H + h)[:, None] * D + d[None, :])
     qk_scale = sm_scale * 1.4426950408889634
-    top = tl.minimum((n - 1) // BLOCK, qb_lo + RM // R - 1)
+    last = tl.max(pos, 0)
+    top = last // BLOCK
     m = tl.full([RM], float("-inf"), tl.float32)
     l = tl.zeros([RM], tl.float32)
     for kb in range(0, top + 1):  # each row's max and Σexp2 (every row has its own key: never empty)
-        x = _logits(q, k_ptr, k_start, kb, pos, qk_scale, h // G, H // G, BLOCK, D)
+        x = _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, h // G, H // G, BLOCK, D)
         m_new = tl.maximum(m, tl.max(x, 1))
         l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
         m = m_new
@@ -60,6 +62,6 @@ def rows_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, route_ptr, scratch_ptr, sm_scale
     ok = (blocks * BLOCK < n) & (blocks * BLOCK + BLOCK > first)
     out = scratch_ptr + ((s * H + h).to(tl.int64) * NB + blocks) * NB
     for kb in range(0, top + 1):  # each key block's mean probability over a query block's rows
-        x = _logits(q, k_ptr, k_start, kb, pos, qk_scale, h // G, H // G, BLOCK, D)
+        x = _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, h // G, H // G, BLOCK, D)
         per_row = tl.sum(tl.exp2(x - m[:, None]), 1) * inv
         tl.store(out + kb, tl.sum(tl.reshape(per_row, (RM // R, R)), 1), mask=ok & (kb <= blocks))

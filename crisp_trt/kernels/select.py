@@ -83,30 +83,28 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr
                        C: tl.constexpr, ROWS: tl.constexpr):
     HK = H // G
     d = tl.arange(0, D)
-    qb_c = tl.minimum(tl.maximum(qb, qb0), nb - 1)  # a pooled row pool wrote, also for rows outside the chunk
-    if ROWS:  # no pooled logits: rows.py wrote the probabilities already
-        pq = tl.zeros([QG, D], tl.float32)
-    else:
-        pq = tl.load(pq_ptr + ((s * NB + qb_c).to(tl.int64) * H + h)[:, None] * D + d[None, :])
     base = row * NB  # this row's scratch
     top = tl.max(tl.where(row_ok, qb, 0), 0) + 1
     m = tl.full([QG], float("-inf"), tl.float32)
     l = tl.zeros([QG], tl.float32)
-    kb0 = top if ROWS else 0
-    while kb0 < top:  # pooled logits → scratch; row max and sum
-        kb = kb0 + tl.arange(0, C)
-        pk = tl.load(pk_ptr + ((s * NB + kb).to(tl.int64) * HK + h // G)[:, None] * D + d[None, :],
-                     mask=(kb < nb)[:, None], other=0.0)
-        z = tl.dot(pq, tl.trans(pk), input_precision="ieee") * sm_scale
-        ok = (kb[None, :] <= qb[:, None]) & row_ok[:, None]
-        z = tl.where(ok, z, float("-inf"))
-        tl.store(scratch_ptr + base[:, None] + kb[None, :], z, mask=ok)
-        m_new = tl.maximum(m, tl.max(z, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), 1)
-        m = m_new
-        kb0 += C
-    tl.debug_barrier()
+    if not ROWS:  # ROWS: rows.py wrote the probabilities already
+        qb_c = tl.minimum(tl.maximum(qb, qb0), nb - 1)  # a pooled row pool wrote, also for rows outside the chunk
+        pq = tl.load(pq_ptr + ((s * NB + qb_c).to(tl.int64) * H + h)[:, None] * D + d[None, :])
+        kb0 = 0
+        while kb0 < top:  # pooled logits → scratch; row max and sum
+            kb = kb0 + tl.arange(0, C)
+            pk = tl.load(pk_ptr + ((s * NB + kb).to(tl.int64) * HK + h // G)[:, None] * D + d[None, :],
+                         mask=(kb < nb)[:, None], other=0.0)
+            z = tl.dot(pq, tl.trans(pk), input_precision="ieee") * sm_scale
+            ok = (kb[None, :] <= qb[:, None]) & row_ok[:, None]
+            z = tl.where(ok, z, float("-inf"))
+            tl.store(scratch_ptr + base[:, None] + kb[None, :], z, mask=ok)
+            m_new = tl.maximum(m, tl.max(z, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), 1)
+            m = m_new
+            kb0 += C
+        tl.debug_barrier()
     lo = tl.minimum(SINK, qb + 1)
     hi = tl.maximum(lo, qb - LOCAL)
     cand_m = tl.where(row_ok, hi - lo, 0)

@@ -383,37 +383,32 @@ std::vector<std::pair<std::string, std::function<void(FieldSet&)>>> malformedCas
     {
         cases.emplace_back("out of range " + r.first, set(r.first, r.second));
     }
-    for (char const* name : {"chunked", "return_lse"})
+    // The optional fields, appended to the required ones: (out-of-range values, one of the wrong type, a valid one
+    // that is then given twice).
+    std::vector<std::tuple<std::vector<Field>, Field, Field>> const optional = {
+        {{intField("chunked", 2), intField("chunked", -1)}, floatField("chunked", 1.F), intField("chunked", 1)},
+        {{intField("return_lse", 2), intField("return_lse", -1)}, floatField("return_lse", 1.F),
+            intField("return_lse", 1)},
+        {{floatField("spike", 1.F), floatField("spike", -0.1F), floatField("spike", nan),
+             floatField("spike", std::numeric_limits<float>::infinity())},
+            intField("spike", 0), floatField("spike", 0.01F)},
+        {{intField("rows", -16), intField("rows", 8), intField("rows", 48), intField("rows", 128)},
+            floatField("rows", 16.F), intField("rows", 16)}};
+    for (auto const& [bad, wrongType, valid] : optional)
     {
-        std::string const n = name;
-        cases.emplace_back("out of range " + n, [n](FieldSet& s) { s.fields.push_back(intField(n, 2)); });
-        cases.emplace_back("negative " + n, [n](FieldSet& s) { s.fields.push_back(intField(n, -1)); });
-        cases.emplace_back("wrong type " + n, [n](FieldSet& s) { s.fields.push_back(floatField(n, 1.F)); });
-        cases.emplace_back("duplicate " + n, [n](FieldSet& s) {
-            s.fields.push_back(intField(n, 1));
-            s.fields.push_back(intField(n, 1));
+        std::string const n = valid.name;
+        for (size_t i = 0; i < bad.size(); ++i)
+        {
+            Field const f = bad[i];
+            cases.emplace_back(
+                "out of range " + n + " #" + std::to_string(i), [f](FieldSet& s) { s.fields.push_back(f); });
+        }
+        cases.emplace_back("wrong type " + n, [wrongType](FieldSet& s) { s.fields.push_back(wrongType); });
+        cases.emplace_back("duplicate " + n, [valid](FieldSet& s) {
+            s.fields.push_back(valid);
+            s.fields.push_back(valid);
         });
     }
-    for (float bad : {1.F, -0.1F, std::nanf(""), std::numeric_limits<float>::infinity()})
-    {
-        cases.emplace_back("out of range spike " + std::to_string(bad),
-            [bad](FieldSet& s) { s.fields.push_back(floatField("spike", bad)); });
-    }
-    cases.emplace_back("wrong type spike", [](FieldSet& s) { s.fields.push_back(intField("spike", 0)); });
-    cases.emplace_back("duplicate spike", [](FieldSet& s) {
-        s.fields.push_back(floatField("spike", 0.01F));
-        s.fields.push_back(floatField("spike", 0.01F));
-    });
-    for (int32_t bad : {-16, 8, 48, 128})
-    {
-        cases.emplace_back("out of range rows " + std::to_string(bad),
-            [bad](FieldSet& s) { s.fields.push_back(intField("rows", bad)); });
-    }
-    cases.emplace_back("wrong type rows", [](FieldSet& s) { s.fields.push_back(floatField("rows", 16.F)); });
-    cases.emplace_back("duplicate rows", [](FieldSet& s) {
-        s.fields.push_back(intField("rows", 16));
-        s.fields.push_back(intField("rows", 16));
-    });
     return cases;
 }
 

@@ -96,13 +96,15 @@ def main() -> None:
         for setting in settings:
             override(setting)
             tag = "" if setting == "shipped" else "_" + setting.replace("=", "").replace("/", "s").replace(",", "_")
-            name = f"profile_{SHAPE}_{n}{'' if CONFIG.spike else '_nospike'}{'_rows%d' % CONFIG.rows if CONFIG.rows else ''}{tag}"
+            rows = f"_rows{CONFIG.rows}" if CONFIG.rows else ""
+            name = f"profile_{SHAPE}_{n}{'' if CONFIG.spike else '_nospike'}{rows}{tag}"
             wall, times, plan = kernel_times(n, CONFIG, name)
             first = first or plan
             same = all(torch.equal(a, b) for a, b in zip(first[:-1], plan[:-1]))
             c_gap = (first[-1] - plan[-1]).abs().max().item()
             with open(os.path.join(out, f"{name}.json"), "w") as f:
-                json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "config": CONFIG.to_dict(), "device": torch.cuda.get_device_name(),
+                json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "config": CONFIG.to_dict(),
+                           "device": torch.cuda.get_device_name(),
                            "options": setting, "plan_equal_to_first": same, "c_struct_gap": c_gap, "wall_ms": wall,
                            "ms": times}, f, indent=1)
             stages = {k.removesuffix("_kernel"): ms for k, ms in times.items() if k.removesuffix("_kernel") in PLAN}
