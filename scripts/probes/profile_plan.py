@@ -6,7 +6,8 @@
     CONFIG='{"rows": 16, "tau": 1.5}' SHAPE=qwen python3 scripts/probes/profile_plan.py 32768   # CrispConfig fields
     OPTIONS="shipped;route=1;estimate_mass=4/2" python3 scripts/probes/profile_plan.py 8192   # launch options
 
-Prints, per n, each kernel's mean time over 5 runs and its share; writes
+Prints, per n, each kernel's mean time over 5 runs, its share, and its fraction of dense attention (cuDNN SDPA on
+the same inputs, timed in the same run); writes
 $OUT/profile_<shape>_<n>[_nospike][_rows<R>][_<setting>].json. OPTIONS lists settings separated by ";", each "shipped"
 or comma-separated stage=num_warps[/num_stages] overrides of launch.options (a measurement before changing the
 launch rule); every setting's plan (list lengths, keep maps, routes) is checked equal to the first's and its
@@ -24,7 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from crisp_trt import CrispConfig
-from crisp_trt.bench.op import SHAPES
+from crisp_trt.bench.op import SHAPES, dense_fn, median_ms
 from crisp_trt.kernels import aot, launch
 from crisp_trt.kernels.pipeline import Stages
 from crisp_trt.workloads.synthetic import synthetic_qkv
@@ -54,9 +55,11 @@ def override(setting: str) -> None:
     launch._COMPILED.clear()
 
 
-def kernel_times(n: int, cfg: CrispConfig, name: str) -> tuple[float, dict[str, float], tuple]:
-    """(wall ms per call, {kernel: mean GPU ms per call}, the plan: list lengths, keep maps, routes, C_struct)."""
+def kernel_times(n: int, cfg: CrispConfig, name: str) -> tuple[float, float, dict[str, float], tuple]:
+    """(wall ms per call, cuDNN's ms, {kernel: mean GPU ms per call}, the plan: list lengths, keep maps, routes,
+    C_struct)."""
     q, k, v = (t[0] for t in synthetic_qkv(n, H, HKV, D, dtype=torch.bfloat16, device="cuda"))
+    dense_ms = median_ms(dense_fn("dense_cudnn", q, k, v), RUNS, "cuda")
     cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
     st = Stages(q, k, cu, n, cfg)
 
@@ -83,7 +86,7 @@ def kernel_times(n: int, cfg: CrispConfig, name: str) -> tuple[float, dict[str, 
     if os.environ.get("PLAN_DIR"):  # to compare two versions of the kernels: the same synthetic inputs each run
         os.makedirs(os.environ["PLAN_DIR"], exist_ok=True)
         torch.save([t.cpu() for t in plan], os.path.join(os.environ["PLAN_DIR"], f"{name}.pt"))
-    return wall, dict(sorted(times.items(), key=lambda kv: -kv[1])), plan
+    return wall, dense_ms, dict(sorted(times.items(), key=lambda kv: -kv[1])), plan
 
 
 def main() -> None:
@@ -98,7 +101,7 @@ def main() -> None:
             tag = "" if setting == "shipped" else "_" + setting.replace("=", "").replace("/", "s").replace(",", "_")
             rows = f"_rows{CONFIG.rows}" if CONFIG.rows else ""
             name = f"profile_{SHAPE}_{n}{'' if CONFIG.spike else '_nospike'}{rows}{tag}"
-            wall, times, plan = kernel_times(n, CONFIG, name)
+            wall, dense_ms, times, plan = kernel_times(n, CONFIG, name)
             first = first or plan
             same = all(torch.equal(a, b) for a, b in zip(first[:-1], plan[:-1]))
             c_gap = (first[-1] - plan[-1]).abs().max().item()
@@ -106,16 +109,17 @@ def main() -> None:
                 json.dump({"n": n, "shape": SHAPE, "spike": CONFIG.spike, "config": CONFIG.to_dict(),
                            "device": torch.cuda.get_device_name(),
                            "options": setting, "plan_equal_to_first": same, "c_struct_gap": c_gap, "wall_ms": wall,
-                           "ms": times}, f, indent=1)
+                           "dense_cudnn_ms": dense_ms, "ms": times}, f, indent=1)
             stages = {k.removesuffix("_kernel"): ms for k, ms in times.items() if k.removesuffix("_kernel") in PLAN}
             print(f"{SHAPE} n={n} {setting:<28} plan {sum(stages.values()):.4f} ms, "
                   + ", ".join(f"{k} {ms:.4f}" for k, ms in stages.items())
                   + f"; plan equal to first: {same}, C_struct gap {c_gap:.1e}")
         override("shipped")
         total = sum(times.values())  # the last setting's
-        print(f"{SHAPE} n={n} {setting}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call")
+        print(f"{SHAPE} n={n} {setting}: {total:.2f} ms of kernels per plan + attend, {wall:.2f} ms wall per call; "
+              f"cuDNN {dense_ms:.2f} ms: kernels {dense_ms / total:.2f}x, wall {dense_ms / wall:.2f}x")
         for name, ms in times.items():
-            print(f"  {ms:9.3f} ms {100 * ms / total:5.1f}%  {name}")
+            print(f"  {ms:9.3f} ms {100 * ms / total:5.1f}% {ms / dense_ms:6.3f} of dense  {name}")
 
 
 if __name__ == "__main__":
