@@ -5,7 +5,8 @@ BLOCK / R, clamped to the chunk: reference.sampled_rows) of each of its RM / R c
 [RM, D] tile of queries — and their exact causal softmax against every key up to the row, in two passes over the
 key blocks: each row's max and Σexp (log2 domain), then each key block's probability summed over its keys and
 averaged over a query block's rows, written to select's scratch row scratch[s, h, qb, kb] (select reads it
-instead of the pooled softmax). Other heads exit at once. RM rows a tile keep the dot products tensor-core sized
+instead of the pooled softmax). Other heads exit at once. Key blocks before the tile's first query block go
+unmasked; the latest tiles (the most keys) launch first, so the short ones fill the tail. RM rows a tile keep the dot products tensor-core sized
 and read each key block once for RM / R query blocks. Cost ≈ R / BLOCK of dense attention's logits, twice (no P·V).
 """
 from __future__ import annotations
@@ -18,21 +19,47 @@ from .launch import kernel
 
 
 @triton.jit
-def _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, hk, HK, BLOCK: tl.constexpr, D: tl.constexpr):
-    """Log2-domain logits [RM, BLOCK] of the sampled rows at positions pos against key block kb, keys after each
-    row masked (keys after `last`, the latest row, not read)."""
+def _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, hk, HK, BLOCK: tl.constexpr, D: tl.constexpr,
+            MASKED: tl.constexpr):
+    """Log2-domain logits [RM, BLOCK] of the sampled rows at positions pos against key block kb. MASKED (a block at
+    or after the tile's first query block): keys after each row masked, keys after `last` (the latest row) not
+    read; else every key precedes every row and nothing is masked."""
     kpos = kb * BLOCK + tl.arange(0, BLOCK)
-    d = tl.arange(0, D)
-    k = tl.load(k_ptr + ((k_start + kpos).to(tl.int64) * HK + hk)[:, None] * D + d[None, :],
-                mask=(kpos <= last)[:, None], other=0.0)
-    x = tl.dot(q, tl.trans(k)) * qk_scale
-    return tl.where(kpos[None, :] <= pos[:, None], x, float("-inf"))
+    k_src = k_ptr + ((k_start + kpos).to(tl.int64) * HK + hk)[:, None] * D + tl.arange(0, D)[None, :]
+    if MASKED:
+        x = tl.dot(q, tl.trans(tl.load(k_src, mask=(kpos <= last)[:, None], other=0.0))) * qk_scale
+        return tl.where(kpos[None, :] <= pos[:, None], x, float("-inf"))
+    else:
+        return tl.dot(q, tl.trans(tl.load(k_src))) * qk_scale
+
+
+@triton.jit
+def _row_stats(m, l, q, k_ptr, k_start, lo, hi, pos, last, qk_scale, hk, HK, BLOCK: tl.constexpr,
+               D: tl.constexpr, MASKED: tl.constexpr):
+    """Pass 1 over key blocks [lo, hi): each row's running max and Σexp2."""
+    for kb in range(lo, hi):
+        x = _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, hk, HK, BLOCK, D, MASKED)
+        m_new = tl.maximum(m, tl.max(x, 1))
+        l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
+        m = m_new
+    return m, l
+
+
+@triton.jit
+def _block_mass(out, ok, blocks, q, k_ptr, k_start, lo, hi, pos, last, m, inv, qk_scale, hk, HK,
+                BLOCK: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RM: tl.constexpr, MASKED: tl.constexpr):
+    """Pass 2 over key blocks [lo, hi): each block's probability, summed over its keys, times inv (1 / (R Σexp2)),
+    summed over each query block's rows into out[qb, kb] (causal blocks only)."""
+    for kb in range(lo, hi):
+        x = _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, hk, HK, BLOCK, D, MASKED)
+        per_row = tl.sum(tl.exp2(x - m[:, None]), 1) * inv
+        tl.store(out + kb, tl.sum(tl.reshape(per_row, (RM // R, R)), 1), mask=ok & (kb <= blocks))
 
 
 @kernel
 def rows_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, route_ptr, scratch_ptr, sm_scale, dense_below, total, total_k, H, G,
                 NB, BLOCK: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RM: tl.constexpr):
-    g = tl.program_id(0)
+    g = tl.num_programs(0) - 1 - tl.program_id(0)  # the latest query blocks (the most keys) first
     h = tl.program_id(1)
     s = tl.program_id(2)
     q_start, q_len, k_start, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NB * BLOCK)
@@ -48,20 +75,17 @@ def rows_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, route_ptr, scratch_ptr, sm_scale
     d = tl.arange(0, D)
     q = tl.load(q_ptr + ((q_start - first + pos).to(tl.int64) * H + h)[:, None] * D + d[None, :])
     qk_scale = sm_scale * 1.4426950408889634
+    hk, HK = h // G, H // G
     last = tl.max(pos, 0)
-    top = last // BLOCK
-    m = tl.full([RM], float("-inf"), tl.float32)
-    l = tl.zeros([RM], tl.float32)
-    for kb in range(0, top + 1):  # each row's max and Σexp2 (every row has its own key: never empty)
-        x = _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, h // G, H // G, BLOCK, D)
-        m_new = tl.maximum(m, tl.max(x, 1))
-        l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
-        m = m_new
-    inv = 1.0 / (l * R)
+    top = last // BLOCK + 1  # key blocks [0, qb_lo) precede every row; [qb_lo, top) need the causal mask
+    m, l = _row_stats(tl.full([RM], float("-inf"), tl.float32), tl.zeros([RM], tl.float32), q, k_ptr, k_start, 0,
+                      qb_lo, pos, last, qk_scale, hk, HK, BLOCK, D, False)
+    m, l = _row_stats(m, l, q, k_ptr, k_start, qb_lo, top, pos, last, qk_scale, hk, HK, BLOCK, D, True)
+    inv = 1.0 / (l * R)  # every row has its own key: l ≥ 1
     blocks = qb_lo + tl.arange(0, RM // R)
     ok = (blocks * BLOCK < n) & (blocks * BLOCK + BLOCK > first)
     out = scratch_ptr + ((s * H + h).to(tl.int64) * NB + blocks) * NB
-    for kb in range(0, top + 1):  # each key block's mean probability over a query block's rows
-        x = _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, h // G, H // G, BLOCK, D)
-        per_row = tl.sum(tl.exp2(x - m[:, None]), 1) * inv
-        tl.store(out + kb, tl.sum(tl.reshape(per_row, (RM // R, R)), 1), mask=ok & (kb <= blocks))
+    _block_mass(out, ok, blocks, q, k_ptr, k_start, 0, qb_lo, pos, last, m, inv, qk_scale, hk, HK, BLOCK, D, R, RM,
+                False)
+    _block_mass(out, ok, blocks, q, k_ptr, k_start, qb_lo, top, pos, last, m, inv, qk_scale, hk, HK, BLOCK, D, R, RM,
+                True)
