@@ -401,9 +401,20 @@ def select(q: torch.Tensor, k: torch.Tensor, sel: HeadSelection, cfg: CrispConfi
     return masks
 
 
+def block_sparse_heads(heads: int, nb: int) -> HeadSelection:
+    """The route of a config without the vertical-slash estimate (not cfg.estimated): every head block-sparse,
+    no columns or diagonals, C_struct and JSD 0."""
+    none = torch.zeros(heads, nb, dtype=torch.bool)
+    return HeadSelection(none, none.clone(), torch.zeros(heads), torch.zeros(heads),
+                         torch.full((heads,), ROUTE_BLOCK_SPARSE))
+
+
 def plan(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> tuple[HeadSelection, torch.Tensor]:
     """estimate → route → select of one sequence: the head selection and its block masks [H, NB, NB]."""
-    sel = route(estimate(q, k, cfg), q, k, cfg)
+    if cfg.estimated:
+        sel = route(estimate(q, k, cfg), q, k, cfg)
+    else:
+        sel = block_sparse_heads(q.shape[1], num_blocks(k.shape[0], cfg.block_size))
     return sel, select(q, k, sel, cfg)
 
 

@@ -94,6 +94,16 @@ struct CrispParams
     {
         return (((coverage == 0) || (budget != "floor")) ? 1 : (kCRISP_KAPPA_HALVINGS + 1));
     }
+
+    bool estimated() const noexcept
+    {
+        return ((routing == "jsd") || (tau <= 1));
+    }
+
+    bool pooled() const noexcept
+    {
+        return ((rows == 0) || (spike > 0) || (routing == "jsd"));
+    }
 };
 
 //! X(name, member, type) for every field, in order (type: kINT32, kFLOAT32 or kCHAR).
@@ -408,10 +418,10 @@ inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams 
     (void) HK;
     (void) D;
     return {{
-        {"estimate_partial", {z.nch, H, S}, true},
-        {"estimate_mass", {z.nch, H, S}, true},
-        {"slash_reduce", {crispCdiv(z.nb, kCRISP_RB), H, S}, true},
-        {"pool", {z.nb, (H + HK), S}, true},
+        {"estimate_partial", {z.nch, H, S}, p.estimated()},
+        {"estimate_mass", {z.nch, H, S}, p.estimated()},
+        {"slash_reduce", {crispCdiv(z.nb, kCRISP_RB), H, S}, p.estimated()},
+        {"pool", {z.nb, (H + HK), S}, p.pooled()},
         {"route", {H, S, 1}, true},
         {"route_jsd", {H, S, 1}, (p.routing == "jsd")},
         {"spike", {z.nb, H, S}, (p.spike > 0)},

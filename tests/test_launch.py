@@ -92,13 +92,15 @@ def test_contract_ranges_are_crisp_configs():
 @pytest.mark.parametrize("cfg", [CrispConfig(), method_config("flexprefill"), method_config("crisp_jsd"),
                                  CrispConfig(block_size=64, last_q=32, sink_tokens=0, min_budget=0, max_budget=64,
                                              coverage=0.0, local_blocks=3),
-                                 CrispConfig(sink_tokens=300, max_budget=1000, budget="cumulative")])
+                                 CrispConfig(sink_tokens=300, max_budget=1000, budget="cumulative"),
+                                 CrispConfig(tau=1.5, rows=16, spike=0.0), CrispConfig(tau=1.5, routing="jsd")])
 def test_contract_derived_and_sizes_are_crisp_configs(cfg):
     for n in (1, 100, 128, 129, 8192, 131072, 1 << 20):
         names = {**contract.names_of(cfg), **contract.sizes(cfg, n)}
         assert (names["window"], names["sink_blocks"], names["min_blocks"], names["max_blocks"]) == \
             (cfg.window, cfg.sink_blocks, cfg.min_blocks, cfg.max_blocks)
         assert names["kappa_steps"] == len(cfg.kappas()) and names["maxk"] == cfg.max_list(names["nb"])
+        assert names["estimated"] == cfg.estimated
 
 
 CONTRACT_CASES = [(CrispConfig(), (32, 8, 128), 1, 8192, 1), (CrispConfig(), (32, 8, 128), 1, 131072, 16),

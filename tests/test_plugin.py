@@ -373,8 +373,8 @@ def test_aot_options_match_the_torch_launcher(monkeypatch, cfg, heads, d, chunke
              for stage, grid, cond in contract.LAUNCHES if contract.evaluate(cond, names)]
     assert [(stage, tuple(grid) + (1,) * (3 - len(grid))) for stage, grid, _, _ in seen] == order
     _, ws = launch.workspace(seqs, *heads, d, cfg, max_seqlen)
-    base = next(args[list(aot_kernels.KERNELS[s].arg_names).index("s_ptr")].data_ptr()
-                for s, _, args, _ in seen if "s_ptr" in aot_kernels.KERNELS[s].arg_names)  # s_mass: offset 0
+    route = next(args for s, _, args, _ in seen if s == "route")  # every plan routes
+    base = route[list(aot_kernels.KERNELS["route"].arg_names).index("route_ptr")].data_ptr() - ws.layout["route"][0]
     for stage, _, args, kwargs in seen:
         fn = aot_kernels.KERNELS[stage]
         consts = {n: v for n, v in kwargs.items() if n in launch.constexpr_names(fn)}

@@ -317,8 +317,9 @@ def render_contract() -> str:
           "//! The plugin's fields (CrispConfig's, the head counts, the optional ones) with CrispConfig's defaults.",
           "struct CrispParams", "{"]
     L += [f"    {_CPP_TYPES[t]} {camel(f)}{{{_default(defaults[f])}}};" for f, t in contract.FIELDS]
-    for n, expr in contract.DERIVED.items():
-        L += ["", f"    int64_t {camel(n)}() const noexcept", "    {",
+    for n, expr in contract.DERIVED.items():  # a comparison or a logical expression is a bool, the rest int64_t
+        kind = "bool" if isinstance(ast.parse(expr, mode="eval").body, (ast.Compare, ast.BoolOp)) else "int64_t"
+        L += ["", f"    {kind} {camel(n)}() const noexcept", "    {",
               f"        return {cpp(expr, lambda x: member(x) if x in fields or x in contract.DERIVED else inner(x))};",
               "    }"]
     L += ["};", "", "//! X(name, member, type) for every field, in order (type: kINT32, kFLOAT32 or kCHAR).",

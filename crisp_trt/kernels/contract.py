@@ -96,6 +96,8 @@ DERIVED = {
     "min_blocks": "cdiv(min_budget, block_size)",
     "max_blocks": "fdiv(max_budget, block_size)",
     "kappa_steps": "1 if coverage == 0 or budget != 'floor' else KAPPA_HALVINGS + 1",  # len(cfg.kappas())
+    "estimated": "routing == 'jsd' or tau <= 1",  # CrispConfig.estimated: the vertical-slash estimate runs
+    "pooled": "rows == 0 or spike > 0 or routing == 'jsd'",  # pool's blocks are read (select, spike, route_jsd)
 }
 
 # Strides and capacities of one launch for sequences of at most max_seqlen tokens (launch.Sizes).
@@ -146,10 +148,10 @@ ITEMSIZE = {"float32": 4, "int32": 4, "int8": 1, "input": 4}  # input: q's dtype
 
 # Launch order: (stage, grid, condition). The stage is the kernel's name less `_kernel`.
 LAUNCHES = (
-    ("estimate_partial", ("nch", "H", "S"), "True"),
-    ("estimate_mass", ("nch", "H", "S"), "True"),
-    ("slash_reduce", ("cdiv(nb, RB)", "H", "S"), "True"),
-    ("pool", ("nb", "H + HK", "S"), "True"),
+    ("estimate_partial", ("nch", "H", "S"), "estimated"),
+    ("estimate_mass", ("nch", "H", "S"), "estimated"),
+    ("slash_reduce", ("cdiv(nb, RB)", "H", "S"), "estimated"),
+    ("pool", ("nb", "H + HK", "S"), "pooled"),
     ("route", ("H", "S", "1"), "True"),
     ("route_jsd", ("H", "S", "1"), "routing == 'jsd'"),
     ("spike", ("nb", "H", "S"), "spike > 0"),

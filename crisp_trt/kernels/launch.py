@@ -227,6 +227,14 @@ class Workspace:
 
 
 @functools.lru_cache(maxsize=64)
+def launches(cfg: CrispConfig) -> dict[str, bool]:
+    """Which of contract.LAUNCHES a config runs, by stage (the plugin's crispLaunchOrder evaluates the same
+    conditions), cached like workspace."""
+    names = contract.names_of(cfg)
+    return {stage: bool(contract.evaluate(cond, names)) for stage, _, cond in contract.LAUNCHES}
+
+
+@functools.lru_cache(maxsize=64)
 def workspace(seqs: int, heads: int, kv_heads: int, d: int, cfg: CrispConfig,
               max_seqlen: int) -> tuple[Sizes, Workspace]:
     """Sizes and workspace layout of one launch, cached: every layer of a prefill asks for the same one."""

@@ -3,9 +3,11 @@
 Every stage is a Triton kernel over fixed-size buffers sized from max_seqlen (NB = ceil(max/B)
 blocks; launch.Sizes / launch.buffers), with per-sequence bounds read on the device from cu_seqlens:
 no `.item()`, no `nonzero()`, no host synchronisation, so the op runs under CUDA-graph capture. Launch
-order (contract.LAUNCHES, which the TensorRT plugin is generated from): zero s_mass, keep maps,
-counts, poison flag → estimate_partial → estimate_mass → slash_reduce → pool → route (→ route_jsd) →
+order and conditions (contract.LAUNCHES, which the TensorRT plugin is generated from): zero s_mass, keep maps,
+counts, poison flag → (estimate_partial → estimate_mass → slash_reduce →) (pool →) route (→ route_jsd) →
 (spike →) (rows →) select → attend → poison_scan → poison_apply (non-finite q/k/v or malformed cu_seqlens → NaN output).
+With struct routing and tau > 1 every head is block-sparse and the vertical-slash estimate does not run
+(CrispConfig.estimated); pool runs only where its blocks are read (pooled selection, spikes, JSD routing).
 Chunked prefill: cu_seqlens_k gives each sequence's keys, cu_seqlens its queries (the last q_len ≤ kv_len
 positions); max_seqlen then bounds the kv lengths, and query blocks are absolute (reference.py).
 """
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CrispConfig
+from . import contract
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
-from .launch import QG, ROWS_TILE, SLASH_ROWS, run, workspace
+from .launch import QG, ROWS_TILE, SLASH_ROWS, launches, run, workspace
 from .poison import poison
 from .pool import pool_kernel
 from .route import route_jsd_kernel, route_kernel
@@ -66,6 +69,7 @@ class Stages:
         self.knobs = (cfg.kappa, cfg.floor_quantile, cfg.gamma)
         self.budget_flags = dict(FLOOR=cfg.budget == "floor", MIN_TOP=cfg.min_blocks > 0)  # route and select
         self.groups, self.total, self.total_k = self.heads // self.kv_heads, q.shape[0], k.shape[0]
+        self.launches = launches(cfg)
 
     def _buffer(self, name: str) -> torch.Tensor:
         offset, shape, dtype = self.ws.layout[name]
@@ -83,15 +87,17 @@ class Stages:
         self.pooled_q, self.pooled_k, self.pooled_k_in = map(self._buffer, ("pooled_q", "pooled_k", "pooled_k_in"))
         args = (self.scale, z.chunk, self.dense_below, self.total, self.total_k)
         tile = dict(L=cfg.window, BLOCK=block, D=d)
-        run(estimate_partial_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, *args, heads, g,
-            z.nch, block=block, d=d, **tile)
-        run(estimate_mass_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, self.vsum, self.vmax,
-            s_mass, *args, heads, g, z.nb, z.nch, block=block, d=d, **tile)
-        run(slash_reduce_kernel, (-(-z.nb // SLASH_ROWS), heads, seqs), s_mass, *self.bounds, self.ssum, self.smax,
-            self.dense_below, self.total, self.total_k, heads, z.nb, block=block, BLOCK=block)
-        run(pool_kernel, (z.nb, heads + self.kv_heads, seqs), q, k, *self.bounds, self.pooled_q, self.pooled_k,
-            self.pooled_k_in, self.dense_below, self.total, self.total_k, heads, self.kv_heads, z.nb, block=block, d=d,
-            BLOCK=block, D=d)
+        if self.launches["estimate_partial"]:  # the vertical-slash estimate (estimate_mass, slash_reduce alike)
+            run(estimate_partial_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, *args, heads, g,
+                z.nch, block=block, d=d, **tile)
+            run(estimate_mass_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, self.vsum,
+                self.vmax, s_mass, *args, heads, g, z.nb, z.nch, block=block, d=d, **tile)
+            run(slash_reduce_kernel, (-(-z.nb // SLASH_ROWS), heads, seqs), s_mass, *self.bounds, self.ssum,
+                self.smax, self.dense_below, self.total, self.total_k, heads, z.nb, block=block, BLOCK=block)
+        if self.launches["pool"]:
+            run(pool_kernel, (z.nb, heads + self.kv_heads, seqs), q, k, *self.bounds, self.pooled_q, self.pooled_k,
+                self.pooled_k_in, self.dense_below, self.total, self.total_k, heads, self.kv_heads, z.nb, block=block,
+                d=d, BLOCK=block, D=d)
 
     def route(self):
         """Per head: kept columns / distances (maps and lists), C_struct, route; dense flag per sequence."""
@@ -104,7 +110,7 @@ class Stages:
             self.dense, *self.knobs, cfg.tau, cfg.coverage, len(cfg.kappas()), cfg.min_blocks, cfg.max_blocks,
             self.dense_below, self.total, self.total_k, heads, z.nb, cfg.block_size, cfg.sink_blocks,
             cfg.local_blocks, z.maxc, z.maxd, block=cfg.block_size, C=z.route_chunk, **self.budget_flags)
-        if cfg.routing == "jsd":
+        if self.launches["route_jsd"]:
             run(route_jsd_kernel, (heads, seqs), self.vsum, *self.bounds, self.q, self.pooled_k, self.route_,
                 self.scale, cfg.tau, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb,
                 cfg.block_size, block=cfg.block_size, d=self.d, L=cfg.window, D=self.d)
@@ -113,11 +119,11 @@ class Stages:
         """Per (sequence, head, query block): the off-diagonal key-block list and its count."""
         cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
         self.idx, self.counts, scratch, spikes = (self._buffer(n) for n in ("idx", "counts", "scratch", "spikes"))
-        if cfg.spike > 0:
+        if self.launches["spike"]:
             run(spike_kernel, (z.nb, heads, seqs), self.q, *self.bounds, self.pooled_k_in, spikes, self.scale,
                 cfg.spike, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size,
                 d=self.d, BLOCK=cfg.block_size, D=self.d)
-        if cfg.rows > 0:
+        if self.launches["rows"]:
             run(rows_kernel, (-(-(z.nb * cfg.rows) // ROWS_TILE), heads, seqs), self.q, self.k, *self.bounds,
                 self.route_, scratch, self.scale, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb,
                 block=cfg.block_size, d=self.d, BLOCK=cfg.block_size, D=self.d, R=cfg.rows)

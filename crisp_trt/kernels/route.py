@@ -221,6 +221,12 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, cu_k_ptr, keep_
         tl.store(ncols_ptr + row, 0)
         tl.store(ndists_ptr + row, 0)
         return
+    if tau > 1:  # struct routing can never reach it (C_struct ≤ 1): block-sparse, no estimate ran (cfg.estimated)
+        tl.store(route_ptr + row, 2)
+        tl.store(cstruct_ptr + row, 0.0)
+        tl.store(ncols_ptr + row, 0)
+        tl.store(ndists_ptr + row, 0)
+        return
     nb = (n + BLOCK - 1) // BLOCK
     base = row.to(tl.int64) * NB
     width_last = (n - (nb - 1) * BLOCK).to(tl.float32)

@@ -158,7 +158,7 @@ def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr,
                   min_blocks, max_blocks,
                   total, total_k, H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr,
                   FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, ROWS: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
-    g = tl.program_id(0)
+    g = tl.num_programs(0) - 1 - tl.program_id(0)  # the latest query blocks (the longest rows) first
     h = tl.program_id(1)
     s = tl.program_id(2)
     _, q_len, _, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NB * BLOCK)
