@@ -133,9 +133,9 @@ def step_tune(args):
     PICK.write_text(json.dumps(pick))
     save("tune", {"rows": rows, "pick": pick})
     print(f"{'n':>7} {'source':<11}{'method':<13}{'ttft ms':>9}{'x dense':>8}{'dppl %':>8}{'kl':>9}")
-    for r in rows:
-        print(f"{r['n']:>7} {r['source']:<11}{r['method']:<13}{r['ttft_ms'] or 0:>9.1f}{r['speedup'] or 0:>8.2f}"
-              f"{100 * r['dppl']:>8.3f}{r['kl']:>9.5f}")
+    for r in rows:  # TTFT is timed on the first source only (defaults.sweep): "-" on the others
+        timed = f"{r['ttft_ms']:>9.1f}{r['speedup']:>8.2f}" if r["ttft_ms"] else f"{'-':>9}{'-':>8}"
+        print(f"{r['n']:>7} {r['source']:<11}{r['method']:<13}{timed}{100 * r['dppl']:>8.3f}{r['kl']:>9.5f}")
     print("pick:", pick["name"], json.dumps(pick["candidates"].get(pick["name"], {})))
 
 
