@@ -329,16 +329,25 @@ def rows_mass(q: torch.Tensor, k: torch.Tensor, cfg: CrispConfig) -> torch.Tenso
     q_len, heads, d = q.shape
     n, block = k.shape[0], cfg.block_size
     nb, first = num_blocks(n, block), n - q_len
-    kk = _expand_kv(k, heads).float()
+    kk = _expand_kv(k, heads).transpose(0, 1)  # [H, n, d]
     out = torch.zeros(heads, nb, nb)
     for qb in range(first // block, nb):
         pos = sampled_rows(qb, block, cfg.rows, first, n).to(q.device)
         keys = int(pos.max()) + 1
-        logits = torch.einsum("rhd,jhd->hrj", q[pos - first].float(), kk[:keys]) / math.sqrt(d)
-        logits = logits.masked_fill(torch.arange(keys, device=q.device)[None] > pos[:, None], float("-inf"))
-        p = torch.nn.functional.pad(torch.softmax(logits, -1), (0, nb * block - keys))
-        out[:, qb] = p.view(heads, cfg.rows, nb, block).sum(-1).mean(1).cpu()
+        future = torch.arange(keys, device=q.device)[None] > pos[:, None]
+        mass = dense_rows(q[pos - first].transpose(0, 1), kk[:, :keys], future, block)[1]  # [H, rows, ≤ NB]
+        out[:, qb, :mass.shape[-1]] = mass.mean(1).cpu()
     return out
+
+
+def dense_rows(q_rows: torch.Tensor, k: torch.Tensor, future: torch.Tensor, block: int):
+    """Causal softmax rows p [..., R, n] (fp32) of q_rows [..., R, d] against k [..., n, d] (leading dims: heads,
+    broadcast; future: bool [R, n], masked) and their mass per key block [..., R, NB]."""
+    n, d = k.shape[-2:]
+    nkb = num_blocks(n, block)
+    p = torch.softmax(((q_rows.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)).masked_fill(future, float("-inf")),
+                      -1)
+    return p, torch.nn.functional.pad(p, (0, nkb * block - n)).view(*p.shape[:-1], nkb, block).sum(-1)
 
 
 def spike_mass(q: torch.Tensor, k: torch.Tensor, block: int, rows_per_step: int = 2048) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 from crisp_trt import reference
 from crisp_trt.bench.estimators import antidiagonal_mass, coverage_keep, estimated_mass, parse
 from crisp_trt.bench.oracle import BlockOracle, oracle_attention
-from crisp_trt.bench.recall import dense_rows
+from crisp_trt.reference import dense_rows
 from crisp_trt.workloads.synthetic import SyntheticSpec, synthetic_qkv
 
 BLOCK = 32

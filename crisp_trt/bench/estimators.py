@@ -58,7 +58,7 @@ def antidiagonal_mass(q: torch.Tensor, k: torch.Tensor, first: int, block: int, 
 def estimated_mass(estimate: str, q: torch.Tensor, k: torch.Tensor, first: int, block: int,
                    mass: torch.Tensor) -> torch.Tensor:
     """[..., QB, NB] mass per query block of q's rows (positions first …) by `estimate`; mass [..., R, NB] is the
-    exact per-row block mass of those rows (bench.recall.dense_rows), which exact and rowsS read."""
+    exact per-row block mass of those rows (reference.dense_rows), which exact and rowsS read."""
     kind, stride = parse(estimate, block)
     pos = first + torch.arange(q.shape[-2], device=q.device)
     qb, blocks = pos // block - first // block, -(-q.shape[-2] // block)

@@ -18,7 +18,7 @@ import torch
 from ..config import CrispConfig
 from ..reference import num_blocks
 from .estimators import count_keep, coverage_keep, estimated_mass, parse, per_query_block
-from .recall import dense_rows
+from ..reference import dense_rows
 from ..workloads.texts import CALIBRATION
 
 NAME = "block_oracle"

@@ -10,12 +10,12 @@ queries sit) and rows//2 uniform ones, so the cost is O(rows · n) per head at a
 """
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import torch
 
 from ..kernels.pipeline import lists_from_masks, masks_from_plan
+from ..reference import dense_rows
 
 
 def sample_rows(n: int, rows: int = 64, seed: int = 0) -> torch.Tensor:
@@ -23,16 +23,6 @@ def sample_rows(n: int, rows: int = 64, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     last = torch.arange(max(n - rows // 2, 0), n)
     return torch.unique(torch.cat([last, torch.randint(0, n, (rows // 2,), generator=g)]))
-
-
-def dense_rows(q_rows: torch.Tensor, k: torch.Tensor, future: torch.Tensor, block: int):
-    """Causal softmax rows p [..., R, n] (fp32) of q_rows [..., R, d] against k [..., n, d] (leading dims: heads,
-    broadcast; future: bool [R, n], masked) and their mass per key block [..., R, NB]."""
-    n, d = k.shape[-2:]
-    nkb = -(-n // block)
-    p = torch.softmax(((q_rows.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)).masked_fill(future, float("-inf")),
-                      -1)
-    return p, torch.nn.functional.pad(p, (0, nkb * block - n)).view(*p.shape[:-1], nkb, block).sum(-1)
 
 
 def plan_from_masks(masks: list[torch.Tensor]):

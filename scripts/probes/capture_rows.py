@@ -14,7 +14,8 @@ import os
 
 import torch
 
-from crisp_trt.bench.recall import dense_rows, oracle_positions
+from crisp_trt.bench.recall import oracle_positions
+from crisp_trt.reference import dense_rows
 
 ROWS = 1024
 
