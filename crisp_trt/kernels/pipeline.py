@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CrispConfig
-from . import contract
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
 from .launch import QG, ROWS_TILE, SLASH_ROWS, launches, run, workspace

@@ -39,8 +39,8 @@ def _sum_dot(p, BLOCK: tl.constexpr):
 @triton.jit
 def _row_stats('''
 FAST_EXP = [("@triton.jit\ndef _row_stats(", HALF),
-            (f"tl.sum({EXP1}, 1)", f"tl.sum(_ex2h(x - m_new[:, None]).to(tl.float32), 1)"),
-            (f"tl.sum({EXP2}, 1)", f"tl.sum(_ex2h(x - m[:, None]).to(tl.float32), 1)")]
+            (f"tl.sum({EXP1}, 1)", "tl.sum(_ex2h(x - m_new[:, None]).to(tl.float32), 1)"),
+            (f"tl.sum({EXP2}, 1)", "tl.sum(_ex2h(x - m[:, None]).to(tl.float32), 1)")]
 FAST_DOT = [("@triton.jit\ndef _row_stats(", HALF),
             (f"tl.sum({EXP1}, 1)", "_sum_dot(_ex2h(x - m_new[:, None]), BLOCK)"),
             (f"tl.sum({EXP2}, 1)", "_sum_dot(_ex2h(x - m[:, None]), BLOCK)")]
