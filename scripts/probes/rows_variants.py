@@ -5,8 +5,9 @@ small source variants of crisp_trt/kernels/rows.py, before changing the shipped 
 
 Every head block-sparse, 16 sampled rows a query block, one sequence. Each variant's scratch is compared with the
 base's (max relative difference over entries ≥ 1e-4); variants marked "timing only" compute something else on
-purpose (to split the cost: without the exponentials, pass 1 alone) and their difference is not a check. Prints a
-table of rows_kernel ms / cuDNN ms; writes $OUT/rows_variants.json.
+purpose (to split the cost: without the exponentials, pass 1 alone) and their difference is not a check. The
+`onepass*` rows time the one-pass prototype (rows_onepass.py: a persistent grid of programs-per-SM × SMs programs)
+against the same base. Prints a table of rows_kernel ms / cuDNN ms; writes $OUT/rows_variants.json.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 
 from crisp_trt.bench.op import SHAPES, dense_fn, median_ms
 from crisp_trt.lengths import parse_length
+import rows_onepass
 from variants import variant_modules
 
 EXP1 = "tl.exp2(x - m_new[:, None])"
@@ -61,6 +63,7 @@ VARIANTS = {  # name: (substitutions, num_warps, num_stages, timing only)
                 "    for kb in range(lo, lo):\n        x = _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, hk, HK, "
                 "BLOCK, D, MASKED)\n        per_row")], None, None, True),
 }
+ONEPASS = {"onepass": (4, 1), "onepass_2x": (4, 2), "onepass_w8": (8, 1)}  # name: (num_warps, programs per SM)
 
 
 def main() -> None:
@@ -68,6 +71,8 @@ def main() -> None:
 
     args, mods = variant_modules("rows", __doc__, VARIANTS, "qwen", "16k,32k,128k")
     results, block, r = [], 128, 16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    timed = list(mods) + list(ONEPASS)
     for shape in args.shapes.split(","):
         heads, kv, d = SHAPES[shape]
         for n in (parse_length(x) for x in args.lengths.split(",")):
@@ -77,16 +82,26 @@ def main() -> None:
             cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
             route = torch.full((1, heads), 2, dtype=torch.int32, device="cuda")
             base = None
-            for name, mod in mods.items():
-                subs, warps, stages, timing_only = VARIANTS[name]
-                opts = options("rows", block, d)
-                opts = {"num_warps": warps or opts["num_warps"], "num_stages": stages or opts["num_stages"]}
+            for name in timed:
                 scratch = torch.zeros(1, heads, nb, nb, dtype=torch.float32, device="cuda")
+                if name in ONEPASS:
+                    warps, per_sm = ONEPASS[name]
+                    opts, timing_only = {"num_warps": warps, "num_stages": options("rows", block, d)["num_stages"]}, False
+                    slots = torch.empty(per_sm * sms, nb, ROWS_TILE, dtype=torch.float32, device="cuda")
 
-                def launch():
-                    mod.rows_kernel[(-(-(nb * r) // ROWS_TILE), heads, 1)](
-                        q, k, cu, cu, route, scratch, 1 / math.sqrt(d), 1024, n, n, heads, heads // kv, nb,
-                        BLOCK=block, D=d, R=r, RM=ROWS_TILE, **opts)
+                    def launch():
+                        rows_onepass.launch(q, k, cu, cu, route, scratch, slots, 1 / math.sqrt(d), 1024, nb, heads,
+                                            heads // kv, block, d, r, ROWS_TILE, per_sm * sms, **opts)
+                else:
+                    mod = mods[name]
+                    _, warps, stages, timing_only = VARIANTS[name]
+                    opts = options("rows", block, d)
+                    opts = {"num_warps": warps or opts["num_warps"], "num_stages": stages or opts["num_stages"]}
+
+                    def launch():
+                        mod.rows_kernel[(-(-(nb * r) // ROWS_TILE), heads, 1)](
+                            q, k, cu, cu, route, scratch, 1 / math.sqrt(d), 1024, n, n, heads, heads // kv, nb,
+                            BLOCK=block, D=d, R=r, RM=ROWS_TILE, **opts)
                 try:
                     ms = median_ms(launch, args.repeats, "cuda")
                 except Exception as e:  # a variant Triton cannot compile here is reported, not fatal
@@ -107,11 +122,11 @@ def main() -> None:
     out_dir = Path(os.environ.get("OUT", "/tmp"))
     (out_dir / "rows_variants.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": results},
                                                            indent=1))
-    print(f"\nrows_kernel / cuDNN\n{'shape':<8}{'n':>7} " + " ".join(f"{v[:10]:>10}" for v in mods))
+    print(f"\nrows_kernel / cuDNN\n{'shape':<8}{'n':>7} " + " ".join(f"{v[:10]:>10}" for v in timed))
     for shape in args.shapes.split(","):
         for n in sorted({x["n"] for x in results if x["shape"] == shape}):
             got = {x["variant"]: x.get("fraction_of_dense") for x in results if x["shape"] == shape and x["n"] == n}
-            print(f"{shape:<8}{n:>7} " + " ".join(f"{got[v]:>10.3f}" if got.get(v) else f"{'fail':>10}" for v in mods))
+            print(f"{shape:<8}{n:>7} " + " ".join(f"{got[v]:>10.3f}" if got.get(v) else f"{'fail':>10}" for v in timed))
 
 
 if __name__ == "__main__":
