@@ -21,6 +21,7 @@ constexpr int64_t kCRISP_TENSOR_ALIGN = 16;
 constexpr int64_t kCRISP_QG = 16;
 constexpr int64_t kCRISP_KC = 64;
 constexpr int64_t kCRISP_RM = 128;
+constexpr int64_t kCRISP_RS = 264;
 constexpr int64_t kCRISP_RB = 16;
 constexpr int64_t kCRISP_SUBTILE = 64;
 constexpr int64_t kCRISP_ELEMS = 4096;
@@ -286,6 +287,7 @@ enum CrispBuffer : int32_t
     kCRISP_BUFFER_DENSE,
     kCRISP_BUFFER_SCRATCH,
     kCRISP_BUFFER_SPIKES,
+    kCRISP_BUFFER_SLOTS,
     kCRISP_BUFFER_IDX,
     kCRISP_BUFFER_DESCRIPTORS,
     kCRISP_NB_BUFFERS
@@ -387,6 +389,8 @@ inline CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& p, int64_t s
     at = crispAddBytes(at, crispBufferBytes({S, H, z.nb, z.nb}, 4));
     w.offset[kCRISP_BUFFER_SPIKES] = at;
     at = crispAddBytes(at, crispBufferBytes({S, H, ((p.spike > 0) ? z.nb : 1), ((p.spike > 0) ? z.nb : 1)}, 1));
+    w.offset[kCRISP_BUFFER_SLOTS] = at;
+    at = crispAddBytes(at, crispBufferBytes({((p.rows > 0) ? kCRISP_RS : 1), ((p.rows > 0) ? z.nb : 1), kCRISP_RM}, 4));
     w.offset[kCRISP_BUFFER_IDX] = at;
     at = crispAddBytes(at, crispBufferBytes({S, H, z.nb, z.maxk}, 4));
     w.offset[kCRISP_BUFFER_DESCRIPTORS] = at;
@@ -425,7 +429,7 @@ inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams 
         {"route", {H, S, 1}, true},
         {"route_jsd", {H, S, 1}, (p.routing == "jsd")},
         {"spike", {z.nb, H, S}, (p.spike > 0)},
-        {"rows", {crispCdiv((z.nb * p.rows), kCRISP_RM), H, S}, (p.rows > 0)},
+        {"rows", {crispMin(kCRISP_RS, ((crispCdiv((z.nb * p.rows), kCRISP_RM) * H) * S)), 1, 1}, (p.rows > 0)},
         {"select", {crispCdiv(z.nb, kCRISP_QG), H, S}, true},
         {"attend", {z.nb, H, S}, true},
         {"poison_scan", {crispCdiv(crispMax((crispMax((total * H), (totalK * HK)) * D), 1), kCRISP_ELEMS), 3, 1}, true},
@@ -454,7 +458,7 @@ struct CrispTensors
     void const* cuSeqlensK;
     void* lse;
 };
-constexpr int32_t kCRISP_NB_ARGS = 74;
+constexpr int32_t kCRISP_NB_ARGS = 75;
 
 //! Every kernel argument of one enqueue, by name: the tensors, the workspace buffers, Triton's hidden
 //! pointers (a workspace buffer or null), the scalars and the variant constexprs (contract.py's tables).
@@ -494,6 +498,7 @@ inline std::array<CrispArg, kCRISP_NB_ARGS> crispLaunchArgs(CrispParams const& p
         {"dense_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_DENSE], 0, 0.F},
         {"scratch_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_SCRATCH], 0, 0.F},
         {"spk_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_SPIKES], 0, 0.F},
+        {"slots_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_SLOTS], 0, 0.F},
         {"idx_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_IDX], 0, 0.F},
         {"counts_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_COUNTS], 0, 0.F},
         {"cnt_ptr", CrispParamType::kPOINTER, workspace + w.offset[kCRISP_BUFFER_COUNTS], 0, 0.F},

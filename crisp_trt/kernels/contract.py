@@ -25,7 +25,8 @@ CONSTANTS = {
     "TENSOR_ALIGN": 16,        # bytes: the cubins assume 16-byte aligned pointers (Triton's JIT specialisation)
     "QG": 16,                  # query blocks per select program (tl.dot needs 16 rows)
     "KC": 64,                  # key blocks per select tile
-    "RM": 128,                 # sampled rows per rows program (RM / rows query blocks): one tensor-core tile
+    "RM": 128,                 # sampled rows per rows tile (RM / rows query blocks): one tensor-core tile
+    "RS": 264,                 # rows programs at most (persistent, one [nb, RM] f32 slot each): 2 per H100 / H200 SM
     "RB": 16,                  # offset blocks per slash_reduce program
     "SUBTILE": 64,             # widest [L, W] sub-tile of estimate_mass
     "ELEMS": 4096,             # elements per poison program
@@ -141,6 +142,7 @@ BUFFERS = (
     ("dense", ("S",), "int32", False),
     ("scratch", ("S", "H", "nb", "nb"), "float32", False),  # select's block-sparse rows: dominates
     ("spikes", ("S", "H", "nb if spike > 0 else 1", "nb if spike > 0 else 1"), "int8", False),  # spike → select
+    ("slots", ("RS if rows > 0 else 1", "nb if rows > 0 else 1", "RM"), "float32", False),  # rows' per-block LSEs
     ("idx", ("S", "H", "nb", "maxk"), "int32", False),
     ("descriptors", ("S", "H", "nb", "DESCRIPTORS if block_size == TMA_BLOCK and D == TMA_D else 0"), "int8", False),
 )
@@ -155,7 +157,7 @@ LAUNCHES = (
     ("route", ("H", "S", "1"), "True"),
     ("route_jsd", ("H", "S", "1"), "routing == 'jsd'"),
     ("spike", ("nb", "H", "S"), "spike > 0"),
-    ("rows", ("cdiv(nb * rows, RM)", "H", "S"), "rows > 0"),  # RM / rows query blocks a program
+    ("rows", ("min(RS, cdiv(nb * rows, RM) * H * S)", "1", "1"), "rows > 0"),  # persistent over the tiles
     ("select", ("cdiv(nb, QG)", "H", "S"), "True"),
     ("attend", ("nb", "H", "S"), "True"),
     ("poison_scan", ("cdiv(max(max(total * H, total_k * HK) * D, 1), ELEMS)", "3", "1"), "True"),
@@ -171,8 +173,8 @@ BUFFER_POINTERS = {
     "smax_ptr": "smax", "s_ptr": "s_mass", "pq_ptr": "pooled_q", "pk_ptr": "pooled_k", "pk_in_ptr": "pooled_k_in",
     "keep_c_ptr": "columns", "keep_o_ptr": "offsets", "keep_d_ptr": "distances", "cols_ptr": "cols", "ncols_ptr": "ncols",
     "dists_ptr": "dists", "ndists_ptr": "ndists", "cstruct_ptr": "c_struct", "route_ptr": "route",
-    "dense_ptr": "dense", "scratch_ptr": "scratch", "spk_ptr": "spikes", "idx_ptr": "idx", "counts_ptr": "counts",
-    "cnt_ptr": "counts", "flag_ptr": "poison"}
+    "dense_ptr": "dense", "scratch_ptr": "scratch", "spk_ptr": "spikes", "slots_ptr": "slots", "idx_ptr": "idx",
+    "counts_ptr": "counts", "cnt_ptr": "counts", "flag_ptr": "poison"}
 # Triton 3.6's trailing pointer parameters: a workspace buffer (global_scratch: attend's TMA descriptors) or NULL
 HIDDEN_POINTERS = {"global_scratch": "descriptors", "profile_scratch": None}
 # Kernel scalar parameters (f32 or i32) and the variant constexprs a cubin is picked by, by name.

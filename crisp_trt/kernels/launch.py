@@ -34,7 +34,8 @@ from . import contract
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 QG = contract.CONSTANTS["QG"]  # query blocks per select program (tl.dot needs 16 rows)
 SELECT_CHUNK = contract.CONSTANTS["KC"]  # key blocks per select tile
-ROWS_TILE = contract.CONSTANTS["RM"]  # sampled rows per rows program
+ROWS_TILE = contract.CONSTANTS["RM"]  # sampled rows per rows tile
+ROWS_PROGRAMS = contract.CONSTANTS["RS"]  # persistent rows programs at most
 SLASH_ROWS = contract.CONSTANTS["RB"]  # offset blocks per slash_reduce program
 SUBTILE = contract.CONSTANTS["SUBTILE"]  # widest [L, W] sub-tile of estimate_mass
 POISON_ELEMS = contract.CONSTANTS["ELEMS"]  # elements per poison program

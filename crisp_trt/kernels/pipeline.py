@@ -21,7 +21,7 @@ import torch
 from ..config import CrispConfig
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
-from .launch import QG, ROWS_TILE, SLASH_ROWS, launches, run, workspace
+from .launch import QG, ROWS_PROGRAMS, ROWS_TILE, SLASH_ROWS, launches, run, workspace
 from .poison import poison
 from .pool import pool_kernel
 from .route import route_jsd_kernel, route_kernel
@@ -117,14 +117,15 @@ class Stages:
     def select(self):
         """Per (sequence, head, query block): the off-diagonal key-block list and its count."""
         cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
-        self.idx, self.counts, scratch, spikes = (self._buffer(n) for n in ("idx", "counts", "scratch", "spikes"))
+        self.idx, self.counts, scratch, spikes, slots = map(self._buffer, ("idx", "counts", "scratch", "spikes", "slots"))
         if self.launches["spike"]:
             run(spike_kernel, (z.nb, heads, seqs), self.q, *self.bounds, self.pooled_k_in, spikes, self.scale,
                 cfg.spike, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size,
                 d=self.d, BLOCK=cfg.block_size, D=self.d)
         if self.launches["rows"]:
-            run(rows_kernel, (-(-(z.nb * cfg.rows) // ROWS_TILE), heads, seqs), self.q, self.k, *self.bounds,
-                self.route_, scratch, self.scale, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb,
+            tiles = -(-(z.nb * cfg.rows) // ROWS_TILE) * heads * seqs
+            run(rows_kernel, (min(ROWS_PROGRAMS, tiles), 1, 1), self.q, self.k, *self.bounds, self.route_, scratch,
+                slots, self.scale, self.dense_below, self.total, self.total_k, seqs, heads, self.groups, z.nb,
                 block=cfg.block_size, d=self.d, BLOCK=cfg.block_size, D=self.d, R=cfg.rows)
         run(select_kernel, (-(-z.nb // QG), heads, seqs), *self.bounds, self.route_, self.columns, self.distances,
             self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, spikes, self.idx,

@@ -5,9 +5,9 @@ small source variants of crisp_trt/kernels/rows.py, before changing the shipped 
 
 Every head block-sparse, 16 sampled rows a query block, one sequence. Each variant's scratch is compared with the
 base's (max relative difference over entries ≥ 1e-4); variants marked "timing only" compute something else on
-purpose (to split the cost: without the exponentials, pass 1 alone) and their difference is not a check. The
-`onepass*` rows time the one-pass prototype (rows_onepass.py: a persistent grid of programs-per-SM × SMs programs)
-against the same base. Prints a table of rows_kernel ms / cuDNN ms; writes $OUT/rows_variants.json.
+purpose (without the exponentials, to split the cost) and their difference is not a check. `x1` / `x3` / `x4` run the
+base with that many persistent programs per SM (the base: contract RS); `twopass*` the two-pass form
+(rows_twopass.py) on the same inputs. Prints a table of rows_kernel ms / cuDNN ms; writes $OUT/rows_variants.json.
 """
 from __future__ import annotations
 
@@ -20,11 +20,10 @@ import torch
 
 from crisp_trt.bench.op import SHAPES, dense_fn, median_ms
 from crisp_trt.lengths import parse_length
-import rows_onepass
+import rows_twopass
 from variants import variant_modules
 
-EXP1 = "tl.exp2(x - m_new[:, None])"
-EXP2 = "tl.exp2(x - m[:, None])"
+EXP = "tl.exp2(x - m_new[:, None])"
 HALF = '''@triton.jit
 def _ex2h(x):
     """exp2 on the MUFU's f16x2 path (two a instruction)."""
@@ -39,69 +38,61 @@ def _sum_dot(p, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _row_stats('''
-FAST_EXP = [("@triton.jit\ndef _row_stats(", HALF),
-            (f"tl.sum({EXP1}, 1)", "tl.sum(_ex2h(x - m_new[:, None]).to(tl.float32), 1)"),
-            (f"tl.sum({EXP2}, 1)", "tl.sum(_ex2h(x - m[:, None]).to(tl.float32), 1)")]
-FAST_DOT = [("@triton.jit\ndef _row_stats(", HALF),
-            (f"tl.sum({EXP1}, 1)", "_sum_dot(_ex2h(x - m_new[:, None]), BLOCK)"),
-            (f"tl.sum({EXP2}, 1)", "_sum_dot(_ex2h(x - m[:, None]), BLOCK)")]
+def _blocks_lse('''
+FAST_EXP = [("@triton.jit\ndef _blocks_lse(", HALF),
+            (f"tl.sum({EXP}, 1)", "tl.sum(_ex2h(x - m_new[:, None]).to(tl.float32), 1)")]
+FAST_DOT = [("@triton.jit\ndef _blocks_lse(", HALF), (f"tl.sum({EXP}, 1)", "_sum_dot(_ex2h(x - m_new[:, None]), BLOCK)")]
 VARIANTS = {  # name: (substitutions, num_warps, num_stages, timing only)
     "base": ([], None, None, False),
     "w8": ([], 8, None, False),
     "s2": ([], None, 2, False),
     "s4": ([], None, 4, False),
     "w8s2": ([], 8, 2, False),
-    "forward": ([("g = tl.num_programs(0) - 1 - tl.program_id(0)", "g = tl.program_id(0)")], None, None, False),
     "f16exp": (FAST_EXP, None, None, False),
     "f16exp_w8": (FAST_EXP, 8, None, False),
     "f16dot": (FAST_DOT, None, None, False),
     "f16dot_w8": (FAST_DOT, 8, None, False),
-    "noexp": ([(EXP1, "(x - m_new[:, None])"), (EXP2, "(x - m[:, None])")], None, None, True),
-    "pass1": ([("    for kb in range(lo, hi):\n        x = _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, hk, HK, "
-                "BLOCK, D, MASKED)\n        per_row",
-                "    for kb in range(lo, lo):\n        x = _logits(q, k_ptr, k_start, kb, pos, last, qk_scale, hk, HK, "
-                "BLOCK, D, MASKED)\n        per_row")], None, None, True),
+    "noexp": ([(EXP, "(x - m_new[:, None])")], None, None, True),
 }
-ONEPASS = {"onepass": (4, 1), "onepass_2x": (4, 2), "onepass_w8": (8, 1)}  # name: (num_warps, programs per SM)
+PROGRAMS = {"x1": 1, "x3": 3, "x4": 4}  # the base with this many programs per SM (base: RS)
+TWO_PASS = ("twopass", "twopass_w8")  # the session-22 form (rows_twopass.py), 4 / 8 warps
 
 
 def main() -> None:
-    from crisp_trt.kernels.launch import ROWS_TILE, options
+    from crisp_trt.kernels.launch import ROWS_PROGRAMS, ROWS_TILE, fixed, options
 
     args, mods = variant_modules("rows", __doc__, VARIANTS, "qwen", "16k,32k,128k")
     results, block, r = [], 128, 16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    timed = list(mods) + list(ONEPASS)
+    timed = list(mods) + list(PROGRAMS) + list(TWO_PASS)
     for shape in args.shapes.split(","):
         heads, kv, d = SHAPES[shape]
         for n in (parse_length(x) for x in args.lengths.split(",")):
             q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16) for h in (heads, kv, kv))
             cudnn_ms = median_ms(dense_fn("dense_cudnn", q, k, v), args.repeats, "cuda")
             nb = -(-n // block)
+            tiles = -(-(nb * r) // ROWS_TILE) * heads
             cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
             route = torch.full((1, heads), 2, dtype=torch.int32, device="cuda")
             base = None
             for name in timed:
                 scratch = torch.zeros(1, heads, nb, nb, dtype=torch.float32, device="cuda")
-                if name in ONEPASS:
-                    warps, per_sm = ONEPASS[name]
-                    opts, timing_only = {"num_warps": warps, "num_stages": options("rows", block, d)["num_stages"]}, False
-                    slots = torch.empty(per_sm * sms, nb, ROWS_TILE, dtype=torch.float32, device="cuda")
+                mod = mods.get(name, mods["base"])
+                _, warps, stages, timing_only = VARIANTS.get(name, ([], 8 if name.endswith("w8") else None, None,
+                                                                    False))
+                opts = options("rows", block, d)
+                opts = {"num_warps": warps or opts["num_warps"], "num_stages": stages or opts["num_stages"]}
+                programs = min(tiles, PROGRAMS[name] * sms if name in PROGRAMS else ROWS_PROGRAMS)
+                slots = torch.empty(programs, nb, ROWS_TILE, dtype=torch.float32, device="cuda")
 
-                    def launch():
-                        rows_onepass.launch(q, k, cu, cu, route, scratch, slots, 1 / math.sqrt(d), 1024, nb, heads,
-                                            heads // kv, block, d, r, ROWS_TILE, per_sm * sms, **opts)
-                else:
-                    mod = mods[name]
-                    _, warps, stages, timing_only = VARIANTS[name]
-                    opts = options("rows", block, d)
-                    opts = {"num_warps": warps or opts["num_warps"], "num_stages": stages or opts["num_stages"]}
-
-                    def launch():
-                        mod.rows_kernel[(-(-(nb * r) // ROWS_TILE), heads, 1)](
-                            q, k, cu, cu, route, scratch, 1 / math.sqrt(d), 1024, n, n, heads, heads // kv, nb,
-                            BLOCK=block, D=d, R=r, RM=ROWS_TILE, **opts)
+                def launch():
+                    if name in TWO_PASS:
+                        rows_twopass.launch(q, k, cu, route, scratch, 1 / math.sqrt(d), 1024, nb, heads, heads // kv,
+                                            block, d, r, ROWS_TILE, **opts)
+                    else:
+                        mod.rows_kernel[(programs, 1, 1)](
+                            q, k, cu, cu, route, scratch, slots, 1 / math.sqrt(d), 1024, n, n, 1, heads, heads // kv,
+                            nb, BLOCK=block, D=d, R=r, RM=ROWS_TILE, KC=fixed(block)["KC"], **opts)
                 try:
                     ms = median_ms(launch, args.repeats, "cuda")
                 except Exception as e:  # a variant Triton cannot compile here is reported, not fatal
