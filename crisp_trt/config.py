@@ -34,8 +34,8 @@ class CrispConfig:
     floor_quantile quantile of the non-sink, non-local block means that estimates the noise floor.
     tau            routing threshold: "struct" routes vertical-slash iff C_struct ≥ tau;
                    "jsd" routes vertical-slash iff sqrt(JSD) ≥ tau. tau = 0 → every head vertical-slash;
-                   tau > 1 with "struct" → every head block-sparse (C_struct ≤ 1), and the vertical-slash
-                   estimate is skipped (C_struct reported 0: `estimated`).
+                   tau > 1 → every head block-sparse (both scores lie in [0, 1]), and the vertical-slash
+                   estimate is skipped (C_struct and JSD reported 0: `estimated`).
     min_budget     per head, at least this many tokens of columns and of diagonals (rounded up to blocks).
     max_budget     per head and per query-block row, at most this many tokens (rounded down to blocks).
     dense_below    sequences shorter than this use dense attention; 0 disables.
@@ -130,9 +130,9 @@ class CrispConfig:
 
     @property
     def estimated(self) -> bool:
-        """Whether the vertical-slash estimate runs: not when struct routing's tau > 1 makes every head
-        block-sparse (C_struct ≤ 1 never reaches it). contract.DERIVED["estimated"] is the same rule."""
-        return self.routing == "jsd" or self.tau <= 1
+        """Whether the vertical-slash estimate runs: not when tau > 1 makes every head block-sparse (C_struct and
+        sqrt(JSD) lie in [0, 1]: neither reaches it). contract.DERIVED["estimated"] is the same rule."""
+        return self.tau <= 1
 
     @property
     def sink_blocks(self) -> int:

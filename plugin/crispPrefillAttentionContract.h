@@ -98,12 +98,12 @@ struct CrispParams
 
     bool estimated() const noexcept
     {
-        return ((routing == "jsd") || (tau <= 1));
+        return (tau <= 1);
     }
 
     bool pooled() const noexcept
     {
-        return ((rows == 0) || (spike > 0) || (routing == "jsd"));
+        return ((rows == 0) || (spike > 0) || ((routing == "jsd") && estimated()));
     }
 };
 
@@ -427,7 +427,7 @@ inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams 
         {"slash_reduce", {crispCdiv(z.nb, kCRISP_RB), H, S}, p.estimated()},
         {"pool", {z.nb, (H + HK), S}, p.pooled()},
         {"route", {H, S, 1}, true},
-        {"route_jsd", {H, S, 1}, (p.routing == "jsd")},
+        {"route_jsd", {H, S, 1}, ((p.routing == "jsd") && p.estimated())},
         {"spike", {z.nb, H, S}, (p.spike > 0)},
         {"rows", {crispMin(kCRISP_RS, ((crispCdiv((z.nb * p.rows), kCRISP_RM) * H) * S)), 1, 1}, (p.rows > 0)},
         {"select", {crispCdiv(z.nb, kCRISP_QG), H, S}, true},

@@ -90,6 +90,7 @@ PIPELINE_CONFIGS = {
     "crisp_gamma": BASE.replace(budget="cumulative"),
     "gamma_block_sparse": BASE.replace(budget="cumulative", tau=1.5),
     "crisp_jsd": BASE.replace(routing="jsd", tau=0.1),
+    "jsd_block_sparse": BASE.replace(routing="jsd", tau=1.5),  # tau > 1: no estimate, no JSD, every head pooled
     "spike_vertical_slash": BASE.replace(tau=0.0, kappa=64.0, spike=0.1),  # spikes beside columns and diagonals
     "spike_block_sparse": BASE.replace(tau=1.5, kappa=64.0, spike=0.1),  # ... beside a block-sparse row's picks
     "spike_capped": BASE.replace(tau=0.0, kappa=64.0, spike=0.01, max_budget=128),  # more spikes than max_blocks

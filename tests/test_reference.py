@@ -93,13 +93,15 @@ def test_jsd_and_tau_zero_routing():
     assert torch.all((sel.jsd >= 0) & (sel.jsd <= 1))
 
 
-@pytest.mark.parametrize("rows,spike", [(0, 0.0), (16, 0.0), (16, 0.05)])
-def test_tau_above_one_skips_the_estimate_and_keeps_the_blocks(rows, spike):
-    """Struct routing with tau > 1: the full route sends every head block-sparse anyway (C_struct ≤ 1), so the plan
-    without the vertical-slash estimate (block_sparse_heads) attends exactly the same blocks; C_struct reads 0."""
+@pytest.mark.parametrize("rows,spike,routing", [(0, 0.0, "struct"), (16, 0.0, "struct"), (16, 0.05, "struct"),
+                                                (0, 0.0, "jsd")])
+def test_tau_above_one_skips_the_estimate_and_keeps_the_blocks(rows, spike, routing):
+    """tau > 1: the full route sends every head block-sparse anyway (C_struct, sqrt(JSD) ≤ 1), so the plan without
+    the vertical-slash estimate (block_sparse_heads) attends exactly the same blocks; C_struct reads 0."""
     q, k, _ = (t[0] for t in synthetic_qkv(700, 4, 2, 64, seed=5))
-    cfg = CrispConfig(block_size=64, dense_below=0, tau=1.5, rows=rows, spike=spike, budget="cumulative", gamma=0.9)
-    assert not cfg.estimated and cfg.replace(tau=1.0).estimated and cfg.replace(routing="jsd").estimated
+    cfg = CrispConfig(block_size=64, dense_below=0, tau=1.5, rows=rows, spike=spike, budget="cumulative", gamma=0.9,
+                      routing=routing)
+    assert not cfg.estimated and cfg.replace(tau=1.0).estimated
     full = R.route(R.estimate(q, k, cfg), q, k, cfg)
     assert torch.all(full.route == R.ROUTE_BLOCK_SPARSE) and bool((full.c_struct > 0).all())
     sel, masks = R.plan(q, k, cfg)

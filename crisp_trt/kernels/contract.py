@@ -97,8 +97,9 @@ DERIVED = {
     "min_blocks": "cdiv(min_budget, block_size)",
     "max_blocks": "fdiv(max_budget, block_size)",
     "kappa_steps": "1 if coverage == 0 or budget != 'floor' else KAPPA_HALVINGS + 1",  # len(cfg.kappas())
-    "estimated": "routing == 'jsd' or tau <= 1",  # CrispConfig.estimated: the vertical-slash estimate runs
-    "pooled": "rows == 0 or spike > 0 or routing == 'jsd'",  # pool's blocks are read (select, spike, route_jsd)
+    "estimated": "tau <= 1",  # CrispConfig.estimated: the vertical-slash estimate runs (and routes)
+    "pooled": "rows == 0 or spike > 0 or (routing == 'jsd' and estimated)",  # pool's blocks are read (select,
+    # spike, route_jsd)
 }
 
 # Strides and capacities of one launch for sequences of at most max_seqlen tokens (launch.Sizes).
@@ -155,7 +156,7 @@ LAUNCHES = (
     ("slash_reduce", ("cdiv(nb, RB)", "H", "S"), "estimated"),
     ("pool", ("nb", "H + HK", "S"), "pooled"),
     ("route", ("H", "S", "1"), "True"),
-    ("route_jsd", ("H", "S", "1"), "routing == 'jsd'"),
+    ("route_jsd", ("H", "S", "1"), "routing == 'jsd' and estimated"),
     ("spike", ("nb", "H", "S"), "spike > 0"),
     ("rows", ("min(RS, cdiv(nb * rows, RM) * H * S)", "1", "1"), "rows > 0"),  # persistent over the tiles
     ("select", ("cdiv(nb, QG)", "H", "S"), "True"),

@@ -6,7 +6,7 @@ no `.item()`, no `nonzero()`, no host synchronisation, so the op runs under CUDA
 order and conditions (contract.LAUNCHES, which the TensorRT plugin is generated from): zero s_mass, keep maps,
 counts, poison flag → (estimate_partial → estimate_mass → slash_reduce →) (pool →) route (→ route_jsd) →
 (spike →) (rows →) select → attend → poison_scan → poison_apply (non-finite q/k/v or malformed cu_seqlens → NaN output).
-With struct routing and tau > 1 every head is block-sparse and the vertical-slash estimate does not run
+With tau > 1 every head is block-sparse and the vertical-slash estimate (and JSD routing) does not run
 (CrispConfig.estimated); pool runs only where its blocks are read (pooled selection, spikes, JSD routing).
 Chunked prefill: cu_seqlens_k gives each sequence's keys, cu_seqlens its queries (the last q_len ≤ kv_len
 positions); max_seqlen then bounds the kv lengths, and query blocks are absolute (reference.py).

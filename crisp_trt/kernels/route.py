@@ -221,7 +221,7 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, cu_k_ptr, keep_
         tl.store(ncols_ptr + row, 0)
         tl.store(ndists_ptr + row, 0)
         return
-    if tau > 1:  # struct routing can never reach it (C_struct ≤ 1): block-sparse, no estimate ran (cfg.estimated)
+    if tau > 1:  # no score reaches it (C_struct, sqrt(JSD) ≤ 1): block-sparse, no estimate ran (cfg.estimated)
         tl.store(route_ptr + row, 2)
         tl.store(cstruct_ptr + row, 0.0)
         tl.store(ncols_ptr + row, 0)
