@@ -21,7 +21,7 @@ constexpr int64_t kCRISP_TENSOR_ALIGN = 16;
 constexpr int64_t kCRISP_QG = 16;
 constexpr int64_t kCRISP_KC = 64;
 constexpr int64_t kCRISP_RM = 128;
-constexpr int64_t kCRISP_RS = 264;
+constexpr int64_t kCRISP_RS = 528;
 constexpr int64_t kCRISP_RB = 16;
 constexpr int64_t kCRISP_SUBTILE = 64;
 constexpr int64_t kCRISP_ELEMS = 4096;
@@ -390,7 +390,7 @@ inline CrispWorkspaceLayout crispWorkspaceLayout(CrispParams const& p, int64_t s
     w.offset[kCRISP_BUFFER_SPIKES] = at;
     at = crispAddBytes(at, crispBufferBytes({S, H, ((p.spike > 0) ? z.nb : 1), ((p.spike > 0) ? z.nb : 1)}, 1));
     w.offset[kCRISP_BUFFER_SLOTS] = at;
-    at = crispAddBytes(at, crispBufferBytes({((p.rows > 0) ? kCRISP_RS : 1), ((p.rows > 0) ? z.nb : 1), kCRISP_RM}, 4));
+    at = crispAddBytes(at, crispBufferBytes({((p.rows > 0) ? crispMin(kCRISP_RS, ((crispCdiv((z.nb * p.rows), kCRISP_RM) * H) * S)) : 1), ((p.rows > 0) ? z.nb : 1), kCRISP_RM}, 4));
     w.offset[kCRISP_BUFFER_IDX] = at;
     at = crispAddBytes(at, crispBufferBytes({S, H, z.nb, z.maxk}, 4));
     w.offset[kCRISP_BUFFER_DESCRIPTORS] = at;

@@ -26,7 +26,7 @@ CONSTANTS = {
     "QG": 16,                  # query blocks per select program (tl.dot needs 16 rows)
     "KC": 64,                  # key blocks per select tile
     "RM": 128,                 # sampled rows per rows tile (RM / rows query blocks): one tensor-core tile
-    "RS": 264,                 # rows programs at most (persistent, one [nb, RM] f32 slot each): 2 per H100 / H200 SM
+    "RS": 528,                 # rows programs at most (persistent, one [nb, RM] f32 slot each): 4 per H100 / H200 SM
     "RB": 16,                  # offset blocks per slash_reduce program
     "SUBTILE": 64,             # widest [L, W] sub-tile of estimate_mass
     "ELEMS": 4096,             # elements per poison program
@@ -143,7 +143,7 @@ BUFFERS = (
     ("dense", ("S",), "int32", False),
     ("scratch", ("S", "H", "nb", "nb"), "float32", False),  # select's block-sparse rows: dominates
     ("spikes", ("S", "H", "nb if spike > 0 else 1", "nb if spike > 0 else 1"), "int8", False),  # spike → select
-    ("slots", ("RS if rows > 0 else 1", "nb if rows > 0 else 1", "RM"), "float32", False),  # rows' per-block LSEs
+    ("slots", ("min(RS, cdiv(nb * rows, RM) * H * S) if rows > 0 else 1", "nb if rows > 0 else 1", "RM"), "float32", False),  # rows' per-block LSEs
     ("idx", ("S", "H", "nb", "maxk"), "int32", False),
     ("descriptors", ("S", "H", "nb", "DESCRIPTORS if block_size == TMA_BLOCK and D == TMA_D else 0"), "int8", False),
 )

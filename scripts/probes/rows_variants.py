@@ -5,7 +5,7 @@ small source variants of crisp_trt/kernels/rows.py, before changing the shipped 
 
 Every head block-sparse, 16 sampled rows a query block, one sequence. Each variant's scratch is compared with the
 base's (max relative difference over entries ≥ 1e-4); variants marked "timing only" compute something else on
-purpose (without the exponentials, to split the cost) and their difference is not a check. `x1` / `x3` / `x4` run the
+purpose (without the exponentials, to split the cost) and their difference is not a check. `x2` / `x3` / `x6` / `x8` run the
 base with that many persistent programs per SM (the base: contract RS); `twopass*` the two-pass form
 (rows_twopass.py) on the same inputs. Prints a table of rows_kernel ms / cuDNN ms; writes $OUT/rows_variants.json.
 """
@@ -54,7 +54,7 @@ VARIANTS = {  # name: (substitutions, num_warps, num_stages, timing only)
     "f16dot_w8": (FAST_DOT, 8, None, False),
     "noexp": ([(EXP, "(x - m_new[:, None])")], None, None, True),
 }
-PROGRAMS = {"x1": 1, "x3": 3, "x4": 4}  # the base with this many programs per SM (base: RS)
+PROGRAMS = {"x2": 2, "x3": 3, "x6": 6, "x8": 8}  # the base with this many programs per SM (base: RS)
 TWO_PASS = ("twopass", "twopass_w8")  # the session-22 form (rows_twopass.py), 4 / 8 warps
 
 
