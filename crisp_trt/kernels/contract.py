@@ -143,7 +143,8 @@ BUFFERS = (
     ("dense", ("S",), "int32", False),
     ("scratch", ("S", "H", "nb", "nb"), "float32", False),  # select's block-sparse rows: dominates
     ("spikes", ("S", "H", "nb if spike > 0 else 1", "nb if spike > 0 else 1"), "int8", False),  # spike → select
-    ("slots", ("min(RS, cdiv(nb * rows, RM) * H * S) if rows > 0 else 1", "nb if rows > 0 else 1", "RM"), "float32", False),  # rows' per-block LSEs
+    ("slots", ("min(RS, cdiv(nb * rows, RM) * H * S) if rows > 0 else 1", "nb if rows > 0 else 1", "RM"), "float32",
+     False),  # rows' per-block LSEs: one [nb, RM] slot per rows program
     ("idx", ("S", "H", "nb", "maxk"), "int32", False),
     ("descriptors", ("S", "H", "nb", "DESCRIPTORS if block_size == TMA_BLOCK and D == TMA_D else 0"), "int8", False),
 )
