@@ -7,10 +7,9 @@ order like their int32 bit patterns, so 31 halvings of [0, +inf] find an exact o
 (the reference's `torch.kthvalue`) with no sort, no host sync and fixed-size state. The value at
 position `last[r]` is divided by `wlast[r]` and every other by `wdiv` (block widths), when asked.
 
-P (a constexpr, 1 or 16) is the number of probes per step: P = 1 is plain bisection (31 steps, one pass
-over the rows each); P = 16 (one row only) splits the interval into 17 parts per pass (8 steps: 4× fewer
-serial passes for route's one program per head, at 16× the compares per pass). Both find the same bit
-pattern.
+P (a constexpr: 1, 2, 4, 8 or 16) is the number of probes per step: P = 1 is plain bisection (31 steps, one
+pass over the rows each); P > 1 splits each row's interval into P + 1 parts per pass (4: 14 steps, 8: 10, 16: 8),
+fewer serial passes for P times the compares per pass. Every P finds the same bit pattern.
 """
 from __future__ import annotations
 
@@ -22,20 +21,26 @@ INF_BITS = tl.constexpr(0x7F800000)  # bit pattern of +inf
 
 @triton.jit
 def search_steps(P: tl.constexpr):
-    """Search steps that narrow [0, +inf]'s 2^31 bit patterns to one with P probes a step (P ∈ {1, 16})."""
-    tl.static_assert((P == 1) | (P == 16), "bisect: P (probes a step) must be 1 or 16")
+    """Search steps that narrow [0, +inf]'s 2^31 bit patterns to one with P probes a step (each step leaves at most
+    ceil(w / (P + 1)) of w; counted for P ∈ {1, 2, 4, 8, 16}, test_bisect checks the table)."""
+    tl.static_assert((P == 1) | (P == 2) | (P == 4) | (P == 8) | (P == 16), "bisect: P must be 1, 2, 4, 8 or 16")
     if P == 1:
         return 31
+    elif P == 2:
+        return 20
+    elif P == 4:
+        return 14
+    elif P == 8:
+        return 10
     else:
         return 8
 
 
 @triton.jit
 def probes(lo_b, hi_b, FIRST: tl.constexpr, P: tl.constexpr):
-    """A step's probe bit patterns as a column: [R, 1] for P = 1 (each row's midpoint: plain bisection), [P, 1]
-    for P > 1 (one row). FIRST: a smallest-true search over [lo, hi]; else a largest-true one over (lo, hi], lo
-    known true. Probe j is base + min((j + 1) · ceil(w / (P + 1)), w): the interval's w entries in P + 1 parts
-    (no overflow: w < 2^31 and 16 · ceil(w / 17) < 2^31)."""
+    """A step's probe bit patterns [R, P], ascending along a row. FIRST: a smallest-true search over [lo, hi];
+    else a largest-true one over (lo, hi], lo known true. Probe j is base + min((j + 1) · ceil(w / (P + 1)), w):
+    the interval's w entries in P + 1 parts (no overflow: w < 2^31 and P · ceil(w / (P + 1)) < w + P)."""
     if FIRST:
         base = lo_b - 1
         w = tl.maximum(hi_b - lo_b + 1, 0)
@@ -43,33 +48,25 @@ def probes(lo_b, hi_b, FIRST: tl.constexpr, P: tl.constexpr):
         base = lo_b
         w = tl.maximum(hi_b - lo_b, 0)
     step = (w + P) // (P + 1)
-    return base[:, None] + tl.minimum((tl.arange(0, P)[:, None] + 1) * step[:, None], w[:, None])
+    return base[:, None] + tl.minimum((tl.arange(0, P)[None, :] + 1) * step[:, None], w[:, None])
 
 
 @triton.jit
 def narrow(lo_b, hi_b, p, true, FIRST: tl.constexpr, P: tl.constexpr):
-    """The new [lo, hi] from probes p (probes' column) and whether each holds (true: [R] or [P]), monotone over
-    the ascending probes: false → true for FIRST (smallest-true), true → false otherwise (largest-true)."""
-    if P == 1:
-        mid = tl.reshape(p, [p.shape[0]])
-        if FIRST:
-            return tl.where(true, lo_b, mid + 1), tl.where(true, mid, hi_b)
-        else:
-            return tl.where(true, mid, lo_b), tl.where(true, hi_b, mid - 1)
+    """The new [lo, hi] ([R] each) from probes p [R, P] and whether each holds (true [R, P]), monotone over a
+    row's ascending probes: false → true for FIRST (smallest-true), true → false otherwise (largest-true)."""
+    t = tl.sum(true.to(tl.int32), 1)  # how many hold: a suffix (FIRST) or a prefix of each row's probes
+    if FIRST:
+        f = P - t
+        return tl.where(f == 0, lo_b, _probe(p, f - 1, P) + 1), tl.where(f == P, hi_b, _probe(p, f, P))
     else:
-        tl.static_assert(lo_b.shape[0] == 1, "bisect: P > 1 probes search one row")
-        t = tl.sum(true.to(tl.int32), 0)  # how many hold: a suffix (FIRST) or a prefix of the probes
-        if FIRST:
-            f = P - t
-            return tl.where(f == 0, lo_b, _probe(p, f - 1, P) + 1), tl.where(f == P, hi_b, _probe(p, f, P))
-        else:
-            return tl.where(t == 0, lo_b, _probe(p, t - 1, P)), tl.where(t == P, hi_b, _probe(p, t, P) - 1)
+        return tl.where(t == 0, lo_b, _probe(p, t - 1, P)), tl.where(t == P, hi_b, _probe(p, t, P) - 1)
 
 
 @triton.jit
 def _probe(p, i, P: tl.constexpr):
-    """Probe i of a [P, 1] column (0 for i outside [0, P))."""
-    return tl.sum(tl.where(tl.arange(0, P)[:, None] == i, p, 0))
+    """Per row r, probe i[r] of p [R, P] (0 for i outside [0, P))."""
+    return tl.sum(tl.where(tl.arange(0, P)[None, :] == i[:, None], p, 0), 1)
 
 
 @triton.jit
@@ -84,6 +81,24 @@ def load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C: tl.constexpr):
 
 
 @triton.jit
+def _bits(x):
+    """The int32 bit patterns of f32 values (ordered like the values where x ≥ 0)."""
+    return x.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _count_le(x, ok, mid):
+    """[R, P]: per row, how many valid entries x [R, C] have bits ≤ each probe mid [R, P]."""
+    return tl.sum((ok[:, None, :] & (_bits(x)[:, None, :] <= mid[:, :, None])).to(tl.int32), 2)
+
+
+@triton.jit
+def _mass_ge(x, ok, mid):
+    """[R, P]: per row, the sum of the valid entries x [R, C] whose bits are ≥ each probe mid [R, P]."""
+    return tl.sum(tl.where(ok[:, None, :] & (_bits(x)[:, None, :] >= mid[:, :, None]), x[:, None, :], 0.0), 2)
+
+
+@triton.jit
 def kth_smallest(ptr, base, lo, m, cnt, k, last, wlast, wdiv, C: tl.constexpr, P: tl.constexpr):
     """Per row, the k[r]-th smallest (0-indexed) of its cnt[r] entries ([R] f32; +inf if k ≥ cnt)."""
     lo_b = tl.zeros_like(k)
@@ -91,13 +106,13 @@ def kth_smallest(ptr, base, lo, m, cnt, k, last, wlast, wdiv, C: tl.constexpr, P
     top = tl.max(cnt, 0)
     for _ in range(search_steps(P)):
         mid = probes(lo_b, hi_b, True, P)
-        below = tl.zeros([mid.shape[0]], tl.int32)
+        below = tl.zeros(mid.shape, tl.int32)
         t0 = 0
         while t0 < top:
             x, ok = load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C)
-            below += tl.sum((ok & (x.to(tl.int32, bitcast=True) <= mid)).to(tl.int32), 1)
+            below += _count_le(x, ok, mid)
             t0 += C
-        lo_b, hi_b = narrow(lo_b, hi_b, mid, below >= k + 1, True, P)
+        lo_b, hi_b = narrow(lo_b, hi_b, mid, below >= (k + 1)[:, None], True, P)
     return hi_b.to(tl.float32, bitcast=True)
 
 
@@ -110,13 +125,13 @@ def mass_threshold(ptr, base, lo, m, cnt, need, last, wlast, wdiv, C: tl.constex
     top = tl.max(cnt, 0)
     for _ in range(search_steps(P)):
         mid = probes(lo_b, hi_b, False, P)
-        mass = tl.zeros([mid.shape[0]], tl.float32)
+        mass = tl.zeros(mid.shape, tl.float32)
         t0 = 0
         while t0 < top:
             x, ok = load_rows(ptr, base, lo, m, cnt, last, wlast, wdiv, t0, C)
-            mass += tl.sum(tl.where(ok & (x.to(tl.int32, bitcast=True) >= mid), x, 0.0), 1)
+            mass += _mass_ge(x, ok, mid)
             t0 += C
-        lo_b, hi_b = narrow(lo_b, hi_b, mid, mass >= need, False, P)
+        lo_b, hi_b = narrow(lo_b, hi_b, mid, mass >= need[:, None], False, P)
     return lo_b.to(tl.float32, bitcast=True)
 
 
@@ -152,15 +167,14 @@ def kth_kept(rank_ptr, mass_ptr, base, lo, m, gt, ge, k, C: tl.constexpr, P: tl.
     top = tl.max(m, 0)
     for _ in range(search_steps(P)):
         mid = probes(lo_b, hi_b, True, P)
-        below = tl.zeros([mid.shape[0]], tl.int32)
+        below = tl.zeros(mid.shape, tl.int32)
         t0 = 0
         while t0 < top:
             rank, ok = load_rows(rank_ptr, base, lo, m, m, none, one, 1.0, t0, C)
             mass, mass_ok = load_rows(mass_ptr, base, lo, m, m, none, one, 1.0, t0, C)  # ok == mass_ok
-            hit = ok & keep_rule(rank, mass, gt, ge, zero) & (mass.to(tl.int32, bitcast=True) <= mid)
-            below += tl.sum(hit.to(tl.int32), 1)
+            below += _count_le(mass, ok & keep_rule(rank, mass, gt, ge, zero), mid)
             t0 += C
-        lo_b, hi_b = narrow(lo_b, hi_b, mid, below >= k + 1, True, P)
+        lo_b, hi_b = narrow(lo_b, hi_b, mid, below >= (k + 1)[:, None], True, P)
     return hi_b.to(tl.float32, bitcast=True)
 
 

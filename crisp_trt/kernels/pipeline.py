@@ -116,8 +116,13 @@ class Stages:
 
     def select(self):
         """Per (sequence, head, query block): the off-diagonal key-block list and its count."""
+        self.scores()
+        self.lists()
+
+    def scores(self):
+        """What select ranks block-sparse rows by, besides pooled attention: spike flags, sampled rows' mass."""
         cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
-        self.idx, self.counts, scratch, spikes, slots = map(self._buffer, ("idx", "counts", "scratch", "spikes", "slots"))
+        scratch, spikes, slots = map(self._buffer, ("scratch", "spikes", "slots"))
         if self.launches["spike"]:
             run(spike_kernel, (z.nb, heads, seqs), self.q, *self.bounds, self.pooled_k_in, spikes, self.scale,
                 cfg.spike, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size,
@@ -127,6 +132,11 @@ class Stages:
             run(rows_kernel, (min(ROWS_PROGRAMS, tiles), 1, 1), self.q, self.k, *self.bounds, self.route_, scratch,
                 slots, self.scale, self.dense_below, self.total, self.total_k, seqs, heads, self.groups, z.nb,
                 block=cfg.block_size, d=self.d, BLOCK=cfg.block_size, D=self.d, R=cfg.rows)
+
+    def lists(self):
+        """The select kernel alone (after scores)."""
+        cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
+        self.idx, self.counts, scratch, spikes = map(self._buffer, ("idx", "counts", "scratch", "spikes"))
         run(select_kernel, (-(-z.nb // QG), heads, seqs), *self.bounds, self.route_, self.columns, self.distances,
             self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, spikes, self.idx,
             self.counts, self.scale, *self.knobs, cfg.spike, cfg.min_blocks, cfg.max_blocks, self.total, self.total_k,

@@ -188,10 +188,11 @@ def _trim(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, cove
     lo_b = zero_bits
     hi_b = zero_bits + INF_BITS
     for _ in range(search_steps(P)):
-        mid = probes(lo_b, hi_b, False, P)  # [P, 1]
-        covered, n_c, n_o = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo, mid, CS)
+        mid = probes(lo_b, hi_b, False, P)  # [1, P]
+        covered, n_c, n_o = _trimmed(keep_c_ptr, keep_o_ptr, vsum_ptr, ssum_ptr, base, nb, v_lo, s_lo,
+                                     tl.reshape(mid, (P, 1)), CS)
         holds = (covered >= coverage) & (n_c >= need_c) & (n_o >= need_o)
-        lo_b, hi_b = narrow(lo_b, hi_b, mid, holds, False, P)
+        lo_b, hi_b = narrow(lo_b, hi_b, mid, tl.reshape(holds, (1, P)), False, P)
     tl.debug_barrier()
     t0 = 0
     while t0 < nb:
