@@ -69,10 +69,10 @@ def save(name: str, data) -> None:
     (out_dir() / f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
-def picked(extra: str | None = None) -> dict:
+def picked(extra: list[str] | None = None) -> dict:
     """{"crisp_tuned": config} when the tune step picked a config other than the default, else {}; with
-    `extra` (a CANDIDATES name), {extra: that config} as well."""
-    more = {extra: CANDIDATES[extra]} if extra else {}
+    `extra` (CANDIDATES names), {name: that config} for each as well."""
+    more = {name: CANDIDATES[name] for name in extra or ()}
     if not PICK.is_file():
         return more
     pick = json.loads(PICK.read_text())
@@ -238,7 +238,7 @@ def step_plot(args):
     op = json.loads((out_dir() / "op.json").read_text())["rows"]
     e2e = json.loads((out_dir() / "e2e.json").read_text())["rows"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    methods = [m for m in ("crisp", "crisp_tuned", "flexprefill") if any(r["method"] == m for r in op)]
+    methods = list(dict.fromkeys(r["method"] for r in op if not r["method"].startswith("dense")))
     for wl in sorted({r["workload"] for r in op if r["workload"].endswith("_all")}):
         for m in methods:
             pts = sorted((r["n"], r["speedup_vs_cudnn"]) for r in op if r["workload"] == wl and r["method"] == m)
@@ -252,7 +252,8 @@ def step_plot(args):
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Qwen2.5-Coder-0.5B, default CrispConfig (crisp_tuned: the tune step's pick), {op[0]['gpu']}", fontsize=10)
+    fig.suptitle(f"Qwen2.5-Coder-0.5B: crisp = the default CrispConfig, crisp_tuned = the tune step's pick, others "
+                 f"named configs, {op[0]['gpu']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out_dir() / "qwen_speed.png", dpi=120)
     print(out_dir() / "qwen_speed.png")
@@ -286,7 +287,8 @@ def main(argv=None):
     p.add_argument("--skip", default="", help="acc: methods to leave out, comma-separated")
     p.add_argument("--no-ppl", dest="ppl", action="store_false")
     p.add_argument("--ppl-length", type=parse_length, default=32768, help="acc: perplexity at this length")
-    p.add_argument("--extra", choices=tuple(CANDIDATES), default=None, help="op, e2e, acc: one more CRISP config to measure")
+    p.add_argument("--extra", choices=tuple(CANDIDATES), action="append", default=None,
+                   help="op, e2e, acc: one more CRISP config to measure (repeat it for several)")
     p.add_argument("--tasks", default="passkey,multikey", help="acc: tasks, comma-separated")
     p.add_argument("--budget-s", type=float, default=520.0, help="acc: start no (length, task) after this")
     p.add_argument("--tag", default="main", help="acc: JSON name suffix")
