@@ -12,6 +12,7 @@ from dataclasses import dataclass
 ROUTINGS = ("struct", "jsd")
 BUDGETS = ("floor", "cumulative")
 ROWS = (0, 16, 32, 64)  # CrispConfig.rows: 0 = pooled block-sparse rows
+TAU_F32_ONE = 1 + 2 ** -24  # the largest tau that float32 (the kernels' and the plugin's) rounds to 1
 KAPPA_HALVINGS = 3  # kappa, kappa/2, kappa/4, kappa/8 (see CrispConfig.coverage)
 
 
@@ -103,7 +104,8 @@ class CrispConfig:
         need(1 <= self.local_blocks <= 64, "local_blocks", "an int in [1, 64]")
         need(self.kappa >= 0, "kappa", "a number >= 0")
         need(0.0 <= self.floor_quantile <= 1.0, "floor_quantile", "a number in [0, 1]")
-        need(self.tau >= 0, "tau", "a number >= 0")
+        need(self.tau >= 0 and not 1 < self.tau <= TAU_F32_ONE, "tau",
+             f"a number >= 0, <= 1 or > {TAU_F32_ONE} (the kernels compare it in float32, where it would round to 1)")
         need(self.min_budget >= 0, "min_budget", "an int >= 0")
         need(self.max_budget >= self.block_size, "max_budget", f"an int >= block_size={self.block_size}")
         need(self.min_budget <= self.max_budget, "min_budget", f"<= max_budget={self.max_budget}")

@@ -345,8 +345,8 @@ def dense_rows(q_rows: torch.Tensor, k: torch.Tensor, future: torch.Tensor, bloc
     broadcast; future: bool [R, n], masked) and their mass per key block [..., R, NB]."""
     n, d = k.shape[-2:]
     nkb = num_blocks(n, block)
-    p = torch.softmax(((q_rows.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)).masked_fill(future, float("-inf")),
-                      -1)
+    logits = (q_rows.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)
+    p = torch.softmax(logits.masked_fill(future, float("-inf")), -1)
     return p, torch.nn.functional.pad(p, (0, nkb * block - n)).view(*p.shape[:-1], nkb, block).sum(-1)
 
 

@@ -21,16 +21,15 @@ R, N, C = 4, 100, 32  # rows, entries a row (not a multiple of C), chunk
 
 
 @triton.jit
-def _order_kernel(x_ptr, k_ptr, need_ptr, kth_ptr, reach_ptr, N, R: tl.constexpr, C: tl.constexpr,
-                  P: tl.constexpr):
+def _order_kernel(x_ptr, lo_ptr, m_ptr, cnt_ptr, k_ptr, need_ptr, kth_ptr, reach_ptr, N, R: tl.constexpr,
+                  C: tl.constexpr, P: tl.constexpr):
     r = tl.arange(0, R)
     base = (r * N).to(tl.int64)
-    lo = tl.zeros([R], tl.int32)
-    m = lo + N
-    none = lo - 1
+    lo, m, cnt = tl.load(lo_ptr + r), tl.load(m_ptr + r), tl.load(cnt_ptr + r)
+    none = lo * 0 - 1
     one = tl.zeros([R], tl.float32) + 1.0
-    tl.store(kth_ptr + r, kth_smallest(x_ptr, base, lo, m, m, tl.load(k_ptr + r), none, one, 1.0, C, P))
-    tl.store(reach_ptr + r, mass_threshold(x_ptr, base, lo, m, m, tl.load(need_ptr + r), none, one, 1.0, C, P))
+    tl.store(kth_ptr + r, kth_smallest(x_ptr, base, lo, m, cnt, tl.load(k_ptr + r), none, one, 1.0, C, P))
+    tl.store(reach_ptr + r, mass_threshold(x_ptr, base, lo, m, cnt, tl.load(need_ptr + r), none, one, 1.0, C, P))
 
 
 @triton.jit
@@ -54,32 +53,39 @@ def _reach(row: torch.Tensor, need: float) -> float:
     return float(desc[hit[0, 0]]) if len(hit) else 0.0
 
 
+# each row's entries: lo, m (a range of the row) and cnt (≤ m: a strided sample of it, as the noise floor takes)
+LO, M, CNT = [0, 5, 20, 0], [100, 90, 64, 100], [100, 90, 17, 100]
+
+
 @pytest.mark.parametrize("P", [1, 2, 4, 8, 16])
 def test_searches_find_the_reference_value_for_every_probe_count(P):
     gen = torch.Generator().manual_seed(P)
     x = _rows(gen)
-    k = torch.randint(0, N, (R,), generator=gen, dtype=torch.int32)
-    desc = x.double().sort(1, descending=True).values
-    sums = desc.cumsum(1)
+    entries = [x[r, [lo + t * m // cnt for t in range(cnt)]] for r, (lo, m, cnt) in enumerate(zip(LO, M, CNT))]
+    k = torch.tensor([int(torch.randint(0, len(e), (1,), generator=gen)) for e in entries], dtype=torch.int32)
+    k[2] = CNT[2]  # past the last entry: +inf
     need = torch.zeros(R)
-    for r in range(R):  # half way through an entry that moves the sum by ≥ 0.1 %: far from f32's rounding
-        cuts = (desc[r] >= 1e-3 * sums[r]).nonzero()[:, 0]
+    for r, e in enumerate(entries):  # half way through an entry that moves the sum by ≥ 0.1 %: far from f32 rounding
+        desc = e.double().sort(descending=True).values
+        sums = desc.cumsum(0)
+        cuts = (desc >= 1e-3 * sums).nonzero()[:, 0]
         i = int(cuts[torch.randint(0, len(cuts), (1,), generator=gen)])
-        need[r] = float(sums[r, i] - desc[r, i] / 2)
-    need[1] = 2 * float(x[1].sum())  # unreachable: 0
+        need[r] = float(sums[i] - desc[i] / 2)
+    need[1] = 2 * float(entries[1].sum())  # unreachable: 0
     kth, reach = torch.full((R,), -1.0), torch.full((R,), -1.0)
-    args = [t.to(DEVICE) for t in (x, k, need, kth, reach)]
+    bounds = [torch.tensor(v, dtype=torch.int32) for v in (LO, M, CNT)]
+    args = [t.to(DEVICE) for t in (x, *bounds, k, need, kth, reach)]
     _order_kernel[(1,)](*args, N, R=R, C=C, P=P)
-    kth, reach = args[3].cpu(), args[4].cpu()
-    want_kth = x.sort(1).values.gather(1, k[:, None].long())[:, 0]
+    kth, reach = args[-2].cpu(), args[-1].cpu()
+    want_kth = torch.tensor([float(e.sort().values[i]) if i < len(e) else float("inf") for e, i in zip(entries, k)])
     assert torch.equal(kth, want_kth), (kth, want_kth)
-    want_reach = torch.tensor([_reach(x[r], float(need[r])) for r in range(R)])
+    want_reach = torch.tensor([_reach(e, float(n)) for e, n in zip(entries, need)])
     assert torch.equal(reach, want_reach.float()), (reach, want_reach)
-    assert reach[1] == 0.0
 
 
 def _worst_steps(P: int) -> int:
-    """Steps until [0, +inf]'s bit patterns narrow to one, each step leaving the widest part probes() can leave."""
+    """Steps until [0, +inf]'s bit patterns narrow to one, each step leaving the widest part probes() can leave
+    (the smallest-true search; the largest-true one, narrowing INF_BITS patterns to none, takes as many)."""
     w, steps = INF_BITS.value + 1, 0
     while w > 1:
         part = (w + P) // (P + 1)

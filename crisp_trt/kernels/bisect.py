@@ -9,7 +9,8 @@ position `last[r]` is divided by `wlast[r]` and every other by `wdiv` (block wid
 
 P (a constexpr: 1, 2, 4, 8 or 16) is the number of probes per step: P = 1 is plain bisection (31 steps, one
 pass over the rows each); P > 1 splits each row's interval into P + 1 parts per pass (4: 14 steps, 8: 10, 16: 8),
-fewer serial passes for P times the compares per pass. Every P finds the same bit pattern.
+fewer serial passes for P times the compares per pass. Every P finds the same bit pattern (the mass threshold:
+up to how its float sums round right at `need`).
 """
 from __future__ import annotations
 

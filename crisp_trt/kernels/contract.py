@@ -24,7 +24,7 @@ CONSTANTS = {
     "ALIGN": 256,              # bytes: every workspace buffer starts on this boundary
     "TENSOR_ALIGN": 16,        # bytes: the cubins assume 16-byte aligned pointers (Triton's JIT specialisation)
     "QG": 16,                  # query blocks per select program (tl.dot needs 16 rows)
-    "KC": 64,                  # key blocks per select tile
+    "KC": 64,                  # key blocks per select tile and per chunk of rows' shares
     "RM": 128,                 # sampled rows per rows tile (RM / rows query blocks): one tensor-core tile
     "RS": 528,                 # rows programs at most (persistent, one [nb, RM] f32 slot each): 4 per H100 / H200 SM
     "RB": 16,                  # offset blocks per slash_reduce program
@@ -98,8 +98,8 @@ DERIVED = {
     "max_blocks": "fdiv(max_budget, block_size)",
     "kappa_steps": "1 if coverage == 0 or budget != 'floor' else KAPPA_HALVINGS + 1",  # len(cfg.kappas())
     "estimated": "tau <= 1",  # CrispConfig.estimated: the vertical-slash estimate runs (and routes)
-    "pooled": "rows == 0 or spike > 0 or (routing == 'jsd' and estimated)",  # pool's blocks are read (select,
-    # spike, route_jsd)
+    # pool's blocks are read (pooled select, spike, route_jsd):
+    "pooled": "rows == 0 or spike > 0 or (routing == 'jsd' and estimated)",
 }
 
 # Strides and capacities of one launch for sequences of at most max_seqlen tokens (launch.Sizes).

@@ -5,7 +5,8 @@ blocks; launch.Sizes / launch.buffers), with per-sequence bounds read on the dev
 no `.item()`, no `nonzero()`, no host synchronisation, so the op runs under CUDA-graph capture. Launch
 order and conditions (contract.LAUNCHES, which the TensorRT plugin is generated from): zero s_mass, keep maps,
 counts, poison flag → (estimate_partial → estimate_mass → slash_reduce →) (pool →) route (→ route_jsd) →
-(spike →) (rows →) select → attend → poison_scan → poison_apply (non-finite q/k/v or malformed cu_seqlens → NaN output).
+(spike →) (rows →) select → attend → poison_scan → poison_apply (non-finite q/k/v or malformed cu_seqlens → NaN
+output).
 With tau > 1 every head is block-sparse and the vertical-slash estimate (and JSD routing) does not run
 (CrispConfig.estimated); pool runs only where its blocks are read (pooled selection, spikes, JSD routing).
 Chunked prefill: cu_seqlens_k gives each sequence's keys, cu_seqlens its queries (the last q_len ≤ kv_len
@@ -86,11 +87,13 @@ class Stages:
         self.pooled_q, self.pooled_k, self.pooled_k_in = map(self._buffer, ("pooled_q", "pooled_k", "pooled_k_in"))
         args = (self.scale, z.chunk, self.dense_below, self.total, self.total_k)
         tile = dict(L=cfg.window, BLOCK=block, D=d)
-        if self.launches["estimate_partial"]:  # the vertical-slash estimate (estimate_mass, slash_reduce alike)
+        if self.launches["estimate_partial"]:  # the vertical-slash estimate
             run(estimate_partial_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, *args, heads, g,
                 z.nch, block=block, d=d, **tile)
+        if self.launches["estimate_mass"]:
             run(estimate_mass_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, self.vsum,
                 self.vmax, s_mass, *args, heads, g, z.nb, z.nch, block=block, d=d, **tile)
+        if self.launches["slash_reduce"]:
             run(slash_reduce_kernel, (-(-z.nb // SLASH_ROWS), heads, seqs), s_mass, *self.bounds, self.ssum,
                 self.smax, self.dense_below, self.total, self.total_k, heads, z.nb, block=block, BLOCK=block)
         if self.launches["pool"]:

@@ -216,15 +216,10 @@ def route_kernel(vsum_ptr, vmax_ptr, ssum_ptr, smax_ptr, cu_ptr, cu_k_ptr, keep_
     short = n < dense_below
     if h == 0:
         tl.store(dense_ptr + s, short.to(tl.int32))
-    if short:
-        tl.store(route_ptr + row, 0)
-        tl.store(cstruct_ptr + row, tl.where(n > 0, 1.0, 0.0))
-        tl.store(ncols_ptr + row, 0)
-        tl.store(ndists_ptr + row, 0)
-        return
-    if tau > 1:  # no score reaches it (C_struct, sqrt(JSD) ≤ 1): block-sparse, no estimate ran (cfg.estimated)
-        tl.store(route_ptr + row, 2)
-        tl.store(cstruct_ptr + row, 0.0)
+    if short | (tau > 1):  # dense; or block-sparse, as no score reaches tau > 1 (C_struct, sqrt(JSD) ≤ 1) and no
+        # estimate ran (cfg.estimated): no lists either way
+        tl.store(route_ptr + row, tl.where(short, 0, 2))
+        tl.store(cstruct_ptr + row, tl.where(short & (n > 0), 1.0, 0.0))
         tl.store(ncols_ptr + row, 0)
         tl.store(ndists_ptr + row, 0)
         return

@@ -1,7 +1,7 @@
-"""The two-pass rows stage (shipped until session 23), kept for a same-run comparison in rows_variants.py.
+"""The rows stage in two passes, the reference point rows_variants.py times the one-pass kernel against.
 
 Each sampled row's max and Σexp2 in pass 1, each key block's share in pass 2: every key read and exponentiated
-twice. Same grid as session 22's: (cdiv(NB · R, RM), H, S), the latest tiles first.
+twice. Grid (cdiv(NB · R, RM), H, S), the latest tiles first.
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def _block_mass(out, ok, blocks, q, k_ptr, k_start, lo, hi, pos, last, m, inv, q
 
 
 @kernel
-def rows_twopass_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, route_ptr, scratch_ptr, sm_scale, dense_below, total, total_k, H, G,
-                NB, BLOCK: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RM: tl.constexpr):
+def rows_twopass_kernel(q_ptr, k_ptr, cu_ptr, cu_k_ptr, route_ptr, scratch_ptr, sm_scale, dense_below, total,
+                        total_k, H, G, NB, BLOCK: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RM: tl.constexpr):
     g = tl.num_programs(0) - 1 - tl.program_id(0)  # the latest query blocks (the most keys) first
     h = tl.program_id(1)
     s = tl.program_id(2)

@@ -5,8 +5,8 @@ small source variants of crisp_trt/kernels/rows.py, before changing the shipped 
 
 Every head block-sparse, 16 sampled rows a query block, one sequence. Each variant's scratch is compared with the
 base's (max relative difference over entries ≥ 1e-4); variants marked "timing only" compute something else on
-purpose (without the exponentials, to split the cost) and their difference is not a check. `x2` / `x3` / `x6` / `x8` run the
-base with that many persistent programs per SM (the base: contract RS); `twopass*` the two-pass form
+purpose (without the exponentials, to split the cost) and their difference is not a check. `x2` / `x3` / `x6` /
+`x8` run the base with that many persistent programs per SM (the base: contract RS); `twopass*` the two-pass form
 (rows_twopass.py) on the same inputs. Prints a table of rows_kernel ms / cuDNN ms; writes $OUT/rows_variants.json.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from variants import variant_modules
 EXP = "tl.exp2(x - m_new[:, None])"
 HALF = '''@triton.jit
 def _ex2h(x):
-    """exp2 on the MUFU's f16x2 path (two a instruction)."""
+    """exp2 on the MUFU's f16x2 path (two exponentials an instruction)."""
     return tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)], dtype=tl.float16,
                                      is_pure=True, pack=2)
 
@@ -41,7 +41,8 @@ def _sum_dot(p, BLOCK: tl.constexpr):
 def _blocks_lse('''
 FAST_EXP = [("@triton.jit\ndef _blocks_lse(", HALF),
             (f"tl.sum({EXP}, 1)", "tl.sum(_ex2h(x - m_new[:, None]).to(tl.float32), 1)")]
-FAST_DOT = [("@triton.jit\ndef _blocks_lse(", HALF), (f"tl.sum({EXP}, 1)", "_sum_dot(_ex2h(x - m_new[:, None]), BLOCK)")]
+FAST_DOT = [("@triton.jit\ndef _blocks_lse(", HALF),
+            (f"tl.sum({EXP}, 1)", "_sum_dot(_ex2h(x - m_new[:, None]), BLOCK)")]
 VARIANTS = {  # name: (substitutions, num_warps, num_stages, timing only)
     "base": ([], None, None, False),
     "w8": ([], 8, None, False),
@@ -55,7 +56,7 @@ VARIANTS = {  # name: (substitutions, num_warps, num_stages, timing only)
     "noexp": ([(EXP, "(x - m_new[:, None])")], None, None, True),
 }
 PROGRAMS = {"x2": 2, "x3": 3, "x6": 6, "x8": 8}  # the base with this many programs per SM (base: RS)
-TWO_PASS = ("twopass", "twopass_w8")  # the session-22 form (rows_twopass.py), 4 / 8 warps
+TWO_PASS = ("twopass", "twopass_w8")  # rows_twopass.py, 4 / 8 warps
 
 
 def main() -> None:
