@@ -152,7 +152,7 @@ def test_rows_kernel_writes_rows_mass(device, monkeypatch, lens_q, lens_k, rows,
                       budget="cumulative")
     cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
     cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
-    whole, k, _ = (t[0] for t in synthetic_qkv(int(cu_k[-1]), heads, 2, 64, seed=3))
+    whole, k, _ = (t[0].half() for t in synthetic_qkv(int(cu_k[-1]), heads, 2, 64, seed=3))  # f32 dots: TF32
     q = torch.cat([whole[int(end) - n: int(end)] for n, end in zip(lens_q, cu_k[1:])])
     st = Stages(*(t.to(device) for t in (q, k, cu_q)), max(lens_k), cfg, cu_seqlens_k=cu_k.to(device))
     st.estimate()
