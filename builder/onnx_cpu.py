@@ -19,7 +19,6 @@ import torch
 
 from crisp_trt import plugin
 from crisp_trt.api import crisp_prefill_attention
-from crisp_trt.config import CrispConfig
 from crisp_trt.kernels import contract
 
 from .checkpoint import BuildError
