@@ -4,19 +4,13 @@ The searches must land on the exact f32 the reference's sort finds (kthvalue; so
 mass threshold), whatever P, on rows with duplicates, zeros, subnormals and a wide range."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-triton = pytest.importorskip("triton")
-import triton.language as tl  # noqa: E402
+from crisp_trt.kernels.bisect import INF_BITS, kth_smallest, mass_threshold, search_steps
 
-from crisp_trt.kernels.bisect import INF_BITS, kth_smallest, mass_threshold, search_steps  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
-pytestmark = pytest.mark.skipif(DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="Triton kernels need a GPU or TRITON_INTERPRET=1")
 R, N, C = 4, 100, 32  # rows, entries a row (not a multiple of C), chunk
 
 
@@ -58,7 +52,7 @@ LO, M, CNT = [0, 5, 20, 0], [100, 90, 64, 100], [100, 90, 17, 100]
 
 
 @pytest.mark.parametrize("P", [1, 2, 4, 8, 16])
-def test_searches_find_the_reference_value_for_every_probe_count(P):
+def test_searches_find_the_reference_value_for_every_probe_count(device, P):
     gen = torch.Generator().manual_seed(P)
     x = _rows(gen)
     entries = [x[r, [lo + t * m // cnt for t in range(cnt)]] for r, (lo, m, cnt) in enumerate(zip(LO, M, CNT))]
@@ -74,7 +68,7 @@ def test_searches_find_the_reference_value_for_every_probe_count(P):
     need[1] = 2 * float(entries[1].sum())  # unreachable: 0
     kth, reach = torch.full((R,), -1.0), torch.full((R,), -1.0)
     bounds = [torch.tensor(v, dtype=torch.int32) for v in (LO, M, CNT)]
-    args = [t.to(DEVICE) for t in (x, *bounds, k, need, kth, reach)]
+    args = [t.to(device) for t in (x, *bounds, k, need, kth, reach)]
     _order_kernel[(1,)](*args, N, R=R, C=C, P=P)
     kth, reach = args[-2].cpu(), args[-1].cpu()
     want_kth = torch.tensor([float(e.sort().values[i]) if i < len(e) else float("inf") for e, i in zip(entries, k)])
@@ -94,7 +88,7 @@ def _worst_steps(P: int) -> int:
 
 
 @pytest.mark.parametrize("P", [1, 2, 4, 8, 16])
-def test_search_steps_cover_the_widest_interval(P):
-    out = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+def test_search_steps_cover_the_widest_interval(device, P):
+    out = torch.zeros(1, dtype=torch.int32, device=device)
     _steps_kernel[(1,)](out, P=P)
     assert int(out[0]) == _worst_steps(P)

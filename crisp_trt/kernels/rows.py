@@ -7,7 +7,8 @@ row scratch[s, h, qb, kb] (instead of the pooled softmax). One pass over the key
 max and Σexp2 and writes each block's log2-sum-exp2 (at the running max of the moment) into the program's slot
 [NB, RM] f32; a short loop then turns them into shares, exp2(L − lse). So every key is read and exponentiated once.
 Persistent grid: min(RS, tiles) programs, one slot each, walk the tiles latest-first (the most keys first, the
-short ones fill the tail); tiles of other heads are skipped. Key blocks before a tile's first query block go unmasked. Cost ≈ R / BLOCK of dense attention's logits.
+short ones fill the tail); tiles of other heads are skipped. Key blocks before a tile's first query block go
+unmasked. Cost ≈ R / BLOCK of dense attention's logits.
 """
 from __future__ import annotations
 
