@@ -1,0 +1,170 @@
+"""Why attend runs below cuDNN's rate on a real model's lists: the op's stages and attend variants on real Q/K/V.
+
+    python3 scripts/probes/attend_real.py [--model /tmp/qwen_hf] [--n 32k] [--layers 0,4,8,12,16,20,23]
+        [--config '{"rows": 16, ...}'] [--source code_calib] [--variants base,...]
+
+Captures the chosen layers of the model on calibration text (workloads.real.capture, bf16 on the GPU), plans
+each with the config (pipeline.Stages; default rows16_g0.98), and times in the same run: cuDNN, the plan
+(st.plan()), attend on the real lists, and attend on transformed lists that keep one property of the real
+ones and change another:
+  real        the planned lists
+  contiguous  each row's count kept, its blocks the latest ones (qb − 1, qb − 2, ...): scattered reads cost
+  uniform     the layer's total blocks, every (head, row) the same share of its causal blocks (latest blocks, as
+              contiguous): what the spread of counts over heads and rows costs
+  diagonal    no listed block (the diagonal alone): the per-(row, head) overhead
+and the real lists in other program orders (an order table in place of the unused LSE pointer):
+  heads_inner  query blocks latest first, the heads of a row together (GQA groups share K / V reads)
+  lpt          (row, head) items by their counts, largest first
+Rate = blocks computed per ms over cuDNN's causal blocks per ms. Prints per-layer lines, then a summed table;
+writes $OUT/attend_real.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+
+from crisp_trt import CrispConfig
+from crisp_trt.bench.op import dense_fn, median_ms
+from crisp_trt.lengths import parse_length
+from variants import variant_module
+
+ORDERED = [("    qb = NQB - 1 - tl.program_id(0)  # the longest key lists first: a shorter tail on the last wave\n"
+            "    h = tl.program_id(1)\n",
+            "    item = tl.load(lse_ptr + tl.program_id(1) * NQB + tl.program_id(0))"
+            ".to(tl.int32, bitcast=True)\n"
+            "    qb = item % NQB\n"
+            "    h = item // NQB\n")]
+ROWS16_G098 = dict(tau=1.5, rows=16, budget="cumulative", gamma=0.98, min_budget=0, spike=0.0)
+LAUNCHES = 3
+
+
+def transformed(idx, counts, how: str):
+    """(idx, counts) [1, H, NB, MAXK] / [1, H, NB] with one property of the real lists changed (see the doc)."""
+    _, heads, nb, maxk = idx.shape
+    qb = torch.arange(nb, device=idx.device)
+    if how == "diagonal":
+        return idx, torch.zeros_like(counts)
+    if how == "uniform":
+        share = float(counts.sum()) / float(heads * qb.sum().clamp_min(1))
+        counts = torch.minimum((share * qb).round().int(), torch.tensor(maxk, device=idx.device))
+        counts = counts.expand(1, heads, nb).contiguous()
+    t = torch.arange(maxk, device=idx.device)
+    latest = (qb[:, None] - 1 - t[None, :]).clamp_min(0).int()  # qb − 1, qb − 2, ...
+    return latest.expand(1, heads, nb, maxk).contiguous(), counts
+
+
+def orders(counts, how: str):
+    """int32 [H · NB] items h · NB + qb in launch order, viewed as f32 (the ordered variant's table)."""
+    _, heads, nb = counts.shape
+    qb = torch.arange(nb, device=counts.device)
+    h = torch.arange(heads, device=counts.device)
+    if how == "heads_inner":
+        item = (h[None, :] * nb + qb.flip(0)[:, None]).reshape(-1)
+    else:  # lpt
+        flat = counts[0].reshape(-1).to(torch.int64)
+        item = torch.argsort(-flat, stable=True)
+    return item.int().contiguous().view(torch.float32)
+
+
+def main() -> None:
+    from crisp_trt.kernels import attend as shipped
+    from crisp_trt.kernels.launch import arch_of, options, tma
+    from crisp_trt.kernels.pipeline import Stages
+    from crisp_trt.models import load_model, rope_for
+    from crisp_trt.bench.accuracy import use_rope
+    from crisp_trt.workloads.real import capture, text_ids
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="/tmp/qwen_hf")
+    ap.add_argument("--n", type=parse_length, default=32768)
+    ap.add_argument("--layers", default="0,4,8,12,16,20,23")
+    ap.add_argument("--source", default="code_calib", help="a texts corpus (calibration text: not evaluation)")
+    ap.add_argument("--config", default=json.dumps(ROWS16_G098), help="CrispConfig fields over the default (JSON)")
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    cfg = CrispConfig.from_dict({**CrispConfig().to_dict(), **json.loads(args.config)})
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))  # TMA
+    ordered = variant_module("attend", "ordered", ORDERED, Path(tempfile.mkdtemp()))
+
+    model, tok = load_model(args.model, attn_implementation="sdpa", dtype=torch.bfloat16, device="cuda")
+    use_rope(model, rope_for(model), args.n)
+    layers = [int(x) for x in args.layers.split(",")]
+    grabbed = capture(model, text_ids(tok, args.n, source=args.source), layers, out_device="cuda",
+                      dtype=torch.bfloat16)
+    del model
+    n, block = args.n, cfg.block_size
+    rows = []
+    for layer in layers:
+        q, k, v = (t[0] for t in grabbed.pop(layer))
+        heads, d = q.shape[1:]
+        nb = -(-n // block)
+        causal = nb * (nb + 1) / 2
+        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        cudnn = dense_fn("dense_cudnn", q, k, v)
+        cudnn_ms = median_ms(cudnn, args.repeats, "cuda")
+        st = Stages(q, k, cu, n, cfg)
+        plan_ms = median_ms(st.plan, args.repeats, "cuda")
+        plan = st.plan()
+        scores_ms = median_ms(st.scores, args.repeats, "cuda")  # rows (and spike): re-run over the same route
+        lists_ms = median_ms(st.lists, args.repeats, "cuda")
+        idx, counts, dense = plan.idx.clone(), plan.counts.clone(), plan.dense.clone()
+        use_tma = tma(block, d, arch_of(q))
+        opts = options("attend", block, d)
+        lse = torch.empty(0, dtype=torch.float32, device="cuda")
+        ref = shipped.attend(q, k, v, cu, idx, counts, dense, block).float()
+        row = dict(layer=layer, n=n, cudnn_ms=cudnn_ms, plan_ms=plan_ms, scores_ms=scores_ms, lists_ms=lists_ms,
+                   density=float(plan.density.mean()), gpu=torch.cuda.get_device_name())
+
+        def time_attend(mod, i, c, table):
+            out = torch.empty_like(q)
+
+            def launch():
+                for _ in range(LAUNCHES):
+                    mod.attend_kernel[(nb, heads, 1)](q, k, v, out, table, cu, cu, i, c, dense, 1 / math.sqrt(d), n,
+                                                      n, 0, heads, heads // k.shape[1], nb, i.shape[-1], BLOCK=block,
+                                                      D=d, INTERPRET=False, TMA=use_tma, **opts)
+            ms = median_ms(launch, args.repeats, "cuda") / LAUNCHES
+            blocks = float(c.sum()) / heads + nb
+            return ms, (blocks / ms) / (causal / cudnn_ms), out
+
+        for name in ("real", "contiguous", "uniform", "diagonal"):
+            i, c = (idx, counts) if name == "real" else transformed(idx, counts, name)
+            ms, rate, out = time_attend(shipped, i, c, lse)
+            row[f"{name}_ms"], row[f"{name}_rate"] = ms, rate
+            if name == "real":
+                row["real_max_diff_vs_op"] = float((out.float() - ref).abs().max())
+        for name in ("heads_inner", "lpt"):
+            ms, rate, out = time_attend(ordered, idx, counts, orders(counts, name))
+            row[f"{name}_ms"], row[f"{name}_rate"] = ms, rate
+            row[f"{name}_max_diff"] = float((out.float() - ref).abs().max())
+        row["op_vs_cudnn"] = cudnn_ms / (plan_ms + row["real_ms"])
+        rows.append(row)
+        print(f"L{layer:<3} density {row['density']:.3f}  cuDNN {cudnn_ms:.3f} ms  plan {plan_ms / cudnn_ms:.3f} "
+              f"(scores {scores_ms / cudnn_ms:.3f}, lists {lists_ms / cudnn_ms:.3f})  "
+              + "  ".join(f"{m} {row[f'{m}_rate']:.2f}" for m in
+                          ("real", "contiguous", "uniform", "heads_inner", "lpt"))
+              + f"  diag-only {row['diagonal_ms'] / cudnn_ms:.3f} of dense"
+              + "  |diff| " + "/".join(f"{row[key]:.1g}" for key in
+                                       ("real_max_diff_vs_op", "heads_inner_max_diff", "lpt_max_diff")),
+              flush=True)
+        del q, k, v, st
+    out_dir = Path(os.environ.get("OUT", "/tmp"))
+    (out_dir / "attend_real.json").write_text(json.dumps({"config": cfg.to_dict(), "source": args.source,
+                                                          "rows": rows}, indent=1))
+    tot = {key: sum(r[key] for r in rows) for key in rows[0] if key.endswith("_ms")}
+    cols = ("plan", "scores", "lists", "real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt")
+    print(f"\nsummed over layers {layers} at n={n} ({args.source}): fraction of cuDNN's time, and the op's speed-up")
+    print("".join(f"{c[:10]:>11}" for c in cols) + f"{'op x':>8}")
+    print("".join(f"{tot[f'{c}_ms'] / tot['cudnn_ms']:>11.3f}" for c in cols)
+          + f"{tot['cudnn_ms'] / (tot['plan_ms'] + tot['real_ms']):>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
