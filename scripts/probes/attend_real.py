@@ -16,7 +16,9 @@ and the real lists in other program orders (an order table in place of the unuse
   heads_inner  query blocks latest first, the heads of a row together (GQA groups share K / V reads)
   lpt          (row, head) items by their counts, largest first
 Rate = blocks computed per ms over cuDNN's causal blocks per ms. Prints per-layer lines, then a summed table;
-writes $OUT/attend_real.json.
+writes $OUT/attend_real.json and each layer's lists as packed bit masks, $OUT/lists_<n>.pt ({layer: uint8
+[H, NB, NB / 8]}, `masks` reads them back: attend's speed does not depend on the values, so later probes can time
+real lists on random Q/K/V without the model).
 """
 from __future__ import annotations
 
@@ -60,6 +62,26 @@ def transformed(idx, counts, how: str):
     return latest.expand(1, heads, nb, maxk).contiguous(), counts
 
 
+def packed(idx, counts):
+    """Lists [1, H, NB, MAXK] / [1, H, NB] → uint8 [H, NB, ceil(NB / 8)]: bit kb of row qb set iff listed."""
+    _, heads, nb, maxk = idx.shape
+    width = -(-nb // 8) * 8
+    listed = torch.arange(maxk, device=idx.device)[None, None, :] < counts[0][..., None]
+    mask = torch.zeros(heads, nb, width + 1, dtype=torch.bool, device=idx.device)  # column `width`: unlisted slots
+    mask.scatter_(2, torch.where(listed, idx[0].long(), width), True)
+    bits = mask[..., :width].reshape(heads, nb, -1, 8).to(torch.uint8)
+    return (bits << torch.arange(8, dtype=torch.uint8, device=idx.device)).sum(-1).to(torch.uint8).cpu()
+
+
+def masks(bits, nb: int):
+    """packed's inverse: (idx [1, H, NB, NB] int32 ascending, counts [1, H, NB] int32)."""
+    heads = bits.shape[0]
+    mask = ((bits[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1).bool().reshape(heads, nb, -1)[..., :nb]
+    counts = mask.sum(-1).int()
+    order = torch.where(mask, torch.arange(nb), nb).sort(-1).values.clamp_max(max(nb - 1, 0)).int()
+    return order[None].contiguous(), counts[None].contiguous()
+
+
 def orders(counts, how: str):
     """int32 [H · NB] items h · NB + qb in launch order, viewed as f32 (the ordered variant's table)."""
     _, heads, nb = counts.shape
@@ -100,7 +122,7 @@ def main() -> None:
                       dtype=torch.bfloat16)
     del model
     n, block = args.n, cfg.block_size
-    rows = []
+    rows, saved = [], {}
     for layer in layers:
         q, k, v = (t[0] for t in grabbed.pop(layer))
         heads, d = q.shape[1:]
@@ -115,6 +137,7 @@ def main() -> None:
         scores_ms = median_ms(st.scores, args.repeats, "cuda")  # rows (and spike): re-run over the same route
         lists_ms = median_ms(st.lists, args.repeats, "cuda")
         idx, counts, dense = plan.idx.clone(), plan.counts.clone(), plan.dense.clone()
+        saved[layer] = packed(idx, counts)
         use_tma = tma(block, d, arch_of(q))
         opts = options("attend", block, d)
         lse = torch.empty(0, dtype=torch.float32, device="cuda")
@@ -156,6 +179,7 @@ def main() -> None:
               flush=True)
         del q, k, v, st
     out_dir = Path(os.environ.get("OUT", "/tmp"))
+    torch.save({"n": n, "config": cfg.to_dict(), "source": args.source, "lists": saved}, out_dir / f"lists_{n}.pt")
     (out_dir / "attend_real.json").write_text(json.dumps({"config": cfg.to_dict(), "source": args.source,
                                                           "rows": rows}, indent=1))
     tot = {key: sum(r[key] for r in rows) for key in rows[0] if key.endswith("_ms")}
