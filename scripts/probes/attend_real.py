@@ -95,13 +95,50 @@ def orders(counts, how: str):
     return item.int().contiguous().view(torch.float32)
 
 
+def planned(args, cfg: CrispConfig):
+    """(layer, q, k, v, stats) per layer: the model's captured Q/K/V planned with cfg (stats: the plan's lists,
+    dense flag, density and its stages' ms), or with --lists random Q/K/V of the model's shape beside the saved
+    lists (no plan times: those depend on the values)."""
+    from crisp_trt.bench.op import SHAPES
+    from crisp_trt.kernels.pipeline import Stages
+
+    layers = [int(x) for x in args.layers.split(",")]
+    if args.lists:
+        saved = torch.load(args.lists)
+        n, heads, kv, d = saved["n"], *SHAPES[args.shape]
+        nb = -(-n // cfg.block_size)
+        for layer in [x for x in layers if x in saved["lists"]]:
+            q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16) for h in (heads, kv, kv))
+            idx, counts = (t.cuda() for t in masks(saved["lists"][layer], nb))
+            density = float(counts.sum() + heads * nb) / (heads * nb * (nb + 1) / 2)
+            yield layer, q, k, v, dict(idx=idx, counts=counts, dense=torch.zeros(1, dtype=torch.int32, device="cuda"),
+                                       density=density)
+        return
+    from crisp_trt.bench.accuracy import use_rope
+    from crisp_trt.models import load_model, rope_for
+    from crisp_trt.workloads.real import capture, text_ids
+
+    model, tok = load_model(args.model, attn_implementation="sdpa", dtype=torch.bfloat16, device="cuda")
+    use_rope(model, rope_for(model), args.n)
+    grabbed = capture(model, text_ids(tok, args.n, source=args.source), layers, out_device="cuda",
+                      dtype=torch.bfloat16)
+    del model
+    for layer in layers:
+        q, k, v = (t[0] for t in grabbed.pop(layer))
+        cu = torch.tensor([0, args.n], dtype=torch.int32, device="cuda")
+        st = Stages(q, k, cu, args.n, cfg)
+        stats = dict(plan_ms=median_ms(st.plan, args.repeats, "cuda"))
+        plan = st.plan()
+        stats["scores_ms"] = median_ms(st.scores, args.repeats, "cuda")  # rows (and spike), over the same route
+        stats["lists_ms"] = median_ms(st.lists, args.repeats, "cuda")
+        stats.update(idx=plan.idx.clone(), counts=plan.counts.clone(), dense=plan.dense.clone(),
+                     density=float(plan.density.mean()))
+        yield layer, q, k, v, stats
+
+
 def main() -> None:
     from crisp_trt.kernels import attend as shipped
     from crisp_trt.kernels.launch import arch_of, options, tma
-    from crisp_trt.kernels.pipeline import Stages
-    from crisp_trt.models import load_model, rope_for
-    from crisp_trt.bench.accuracy import use_rope
-    from crisp_trt.workloads.real import capture, text_ids
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="/tmp/qwen_hf")
@@ -109,41 +146,30 @@ def main() -> None:
     ap.add_argument("--layers", default="0,4,8,12,16,20,23")
     ap.add_argument("--source", default="code_calib", help="a texts corpus (calibration text: not evaluation)")
     ap.add_argument("--config", default=json.dumps(ROWS16_G098), help="CrispConfig fields over the default (JSON)")
+    ap.add_argument("--lists", default=None, help="a lists_<n>.pt this probe saved: time its lists on random Q/K/V "
+                    "(no model, no plan times)")
+    ap.add_argument("--shape", default="qwen", help="with --lists: the model's heads (bench.op.SHAPES)")
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     cfg = CrispConfig.from_dict({**CrispConfig().to_dict(), **json.loads(args.config)})
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))  # TMA
     ordered = variant_module("attend", "ordered", ORDERED, Path(tempfile.mkdtemp()))
-
-    model, tok = load_model(args.model, attn_implementation="sdpa", dtype=torch.bfloat16, device="cuda")
-    use_rope(model, rope_for(model), args.n)
-    layers = [int(x) for x in args.layers.split(",")]
-    grabbed = capture(model, text_ids(tok, args.n, source=args.source), layers, out_device="cuda",
-                      dtype=torch.bfloat16)
-    del model
-    n, block = args.n, cfg.block_size
+    block = cfg.block_size
     rows, saved = [], {}
-    for layer in layers:
-        q, k, v = (t[0] for t in grabbed.pop(layer))
-        heads, d = q.shape[1:]
+    for layer, q, k, v, stats in planned(args, cfg):
+        n, (heads, d) = q.shape[0], q.shape[1:]
         nb = -(-n // block)
         causal = nb * (nb + 1) / 2
         cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
         cudnn = dense_fn("dense_cudnn", q, k, v)
         cudnn_ms = median_ms(cudnn, args.repeats, "cuda")
-        st = Stages(q, k, cu, n, cfg)
-        plan_ms = median_ms(st.plan, args.repeats, "cuda")
-        plan = st.plan()
-        scores_ms = median_ms(st.scores, args.repeats, "cuda")  # rows (and spike): re-run over the same route
-        lists_ms = median_ms(st.lists, args.repeats, "cuda")
-        idx, counts, dense = plan.idx.clone(), plan.counts.clone(), plan.dense.clone()
+        idx, counts, dense = stats.pop("idx"), stats.pop("counts"), stats.pop("dense")
         saved[layer] = packed(idx, counts)
         use_tma = tma(block, d, arch_of(q))
         opts = options("attend", block, d)
         lse = torch.empty(0, dtype=torch.float32, device="cuda")
         ref = shipped.attend(q, k, v, cu, idx, counts, dense, block).float()
-        row = dict(layer=layer, n=n, cudnn_ms=cudnn_ms, plan_ms=plan_ms, scores_ms=scores_ms, lists_ms=lists_ms,
-                   density=float(plan.density.mean()), gpu=torch.cuda.get_device_name())
+        row = dict(layer=layer, n=n, cudnn_ms=cudnn_ms, **stats, gpu=torch.cuda.get_device_name())
 
         def time_attend(mod, i, c, table):
             out = torch.empty_like(q)
@@ -167,28 +193,30 @@ def main() -> None:
             ms, rate, out = time_attend(ordered, idx, counts, orders(counts, name))
             row[f"{name}_ms"], row[f"{name}_rate"] = ms, rate
             row[f"{name}_max_diff"] = float((out.float() - ref).abs().max())
-        row["op_vs_cudnn"] = cudnn_ms / (plan_ms + row["real_ms"])
+        if "plan_ms" in row:
+            row["op_vs_cudnn"] = cudnn_ms / (row["plan_ms"] + row["real_ms"])
         rows.append(row)
-        print(f"L{layer:<3} density {row['density']:.3f}  cuDNN {cudnn_ms:.3f} ms  plan {plan_ms / cudnn_ms:.3f} "
-              f"(scores {scores_ms / cudnn_ms:.3f}, lists {lists_ms / cudnn_ms:.3f})  "
-              + "  ".join(f"{m} {row[f'{m}_rate']:.2f}" for m in
-                          ("real", "contiguous", "uniform", "heads_inner", "lpt"))
-              + f"  diag-only {row['diagonal_ms'] / cudnn_ms:.3f} of dense"
-              + "  |diff| " + "/".join(f"{row[key]:.1g}" for key in
-                                       ("real_max_diff_vs_op", "heads_inner_max_diff", "lpt_max_diff")),
+        frac = {key: row[key] / cudnn_ms for key in row if key.endswith("_ms")}
+        plan = (f"plan {frac['plan_ms']:.3f} (scores {frac['scores_ms']:.3f}, lists {frac['lists_ms']:.3f})  "
+                if "plan_ms" in row else "")
+        print(f"L{layer:<3} density {row['density']:.3f}  cuDNN {cudnn_ms:.3f} ms  {plan}rate: "
+              + "  ".join(f"{m} {row[f'{m}_rate']:.2f}"
+                          for m in ("real", "contiguous", "uniform", "heads_inner", "lpt"))
+              + f"  diagonal alone {frac['diagonal_ms']:.3f} of dense  |diff| "
+              + "/".join(f"{row[key]:.1g}" for key in ("real_max_diff_vs_op", "heads_inner_max_diff", "lpt_max_diff")),
               flush=True)
-        del q, k, v, st
     out_dir = Path(os.environ.get("OUT", "/tmp"))
     torch.save({"n": n, "config": cfg.to_dict(), "source": args.source, "lists": saved}, out_dir / f"lists_{n}.pt")
     (out_dir / "attend_real.json").write_text(json.dumps({"config": cfg.to_dict(), "source": args.source,
                                                           "rows": rows}, indent=1))
     tot = {key: sum(r[key] for r in rows) for key in rows[0] if key.endswith("_ms")}
-    cols = ("plan", "scores", "lists", "real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt")
-    print(f"\nsummed over layers {layers} at n={n} ({args.source}): fraction of cuDNN's time, and the op's speed-up")
-    print("".join(f"{c[:10]:>11}" for c in cols) + f"{'op x':>8}")
+    cols = [c for c in ("plan", "scores", "lists", "real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt")
+            if f"{c}_ms" in tot]
+    print(f"\nsummed over layers {[r['layer'] for r in rows]} at n={n}: fraction of cuDNN's time"
+          + (", and the op's speed-up (plan + attend)" if "plan_ms" in tot else " (random Q/K/V, saved lists)"))
+    print("".join(f"{c[:10]:>11}" for c in cols) + (f"{'op x':>8}" if "plan_ms" in tot else ""))
     print("".join(f"{tot[f'{c}_ms'] / tot['cudnn_ms']:>11.3f}" for c in cols)
-          + f"{tot['cudnn_ms'] / (tot['plan_ms'] + tot['real_ms']):>8.2f}")
-
+          + (f"{tot['cudnn_ms'] / (tot['plan_ms'] + tot['real_ms']):>8.2f}" if "plan_ms" in tot else ""))
 
 if __name__ == "__main__":
     main()
