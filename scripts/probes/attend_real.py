@@ -1,7 +1,8 @@
 """Why attend runs below cuDNN's rate on a real model's lists: the op's stages and attend variants on real Q/K/V.
 
     python3 scripts/probes/attend_real.py [--model /tmp/qwen_hf] [--n 32k] [--layers 0,4,8,12,16,20,23]
-        [--config '{"rows": 16, ...}'] [--source code_calib] [--variants base,...]
+        [--config '{"rows": 16, ...}'] [--source code_calib]
+    python3 scripts/probes/attend_real.py --lists lists_32768.pt [--shape qwen]   # saved lists, random Q/K/V
 
 Captures the chosen layers of the model on calibration text (workloads.real.capture, bf16 on the GPU), plans
 each with the config (pipeline.Stages; default rows16_g0.98), and times in the same run: cuDNN, the plan
