@@ -70,8 +70,15 @@ def packed(idx, counts):
     listed = torch.arange(maxk, device=idx.device)[None, None, :] < counts[0][..., None]
     mask = torch.zeros(heads, nb, width + 1, dtype=torch.bool, device=idx.device)  # column `width`: unlisted slots
     mask.scatter_(2, torch.where(listed, idx[0].long(), width), True)
-    bits = mask[..., :width].reshape(heads, nb, -1, 8).to(torch.uint8)
-    return (bits << torch.arange(8, dtype=torch.uint8, device=idx.device)).sum(-1).to(torch.uint8).cpu()
+    return pack(mask[..., :nb])
+
+
+def pack(mask):
+    """bool [H, NB, NB] (off-diagonal blocks attended) → uint8 [H, NB, ceil(NB / 8)] on the CPU."""
+    heads, nb, _ = mask.shape
+    width = -(-nb // 8) * 8
+    bits = torch.nn.functional.pad(mask, (0, width - nb)).reshape(heads, nb, -1, 8).to(torch.uint8)
+    return (bits << torch.arange(8, dtype=torch.uint8, device=mask.device)).sum(-1).to(torch.uint8).cpu()
 
 
 def masks(bits, nb: int):
@@ -137,6 +144,33 @@ def planned(args, cfg: CrispConfig):
         yield layer, q, k, v, stats
 
 
+def cpu_lists(args, cfg: CrispConfig) -> Path:
+    """--cpu: capture on the CPU (fp32 model, the bundled GGUF or --model) and plan with the reference, then save
+    lists_<n>.pt for a later --lists run on the GPU (no staging there). Slow: a 32k forward takes many minutes."""
+    from crisp_trt.bench.accuracy import use_rope
+    from crisp_trt.bench.op import reference_masks
+    from crisp_trt.models import load_model, qwen_path, rope_for
+    from crisp_trt.workloads.real import capture, text_ids
+
+    layers = [int(x) for x in args.layers.split(",")]
+    model, tok = load_model(args.model if Path(args.model).exists() else qwen_path(), attn_implementation="sdpa",
+                            dtype=torch.float32, device="cpu")
+    use_rope(model, rope_for(model), args.n)
+    grabbed = capture(model, text_ids(tok, args.n, source=args.source), layers)
+    del model
+    saved = {}
+    for layer in layers:
+        q, k, _ = (t[0] for t in grabbed.pop(layer))
+        mask = reference_masks(q, k, cfg)
+        saved[layer] = pack(mask & ~torch.eye(mask.shape[-1], dtype=torch.bool))
+        print(f"L{layer}: density {float(mask.sum()) / (mask.shape[0] * mask.shape[1] * (mask.shape[1] + 1) / 2):.3f}",
+              flush=True)
+    out = Path(os.environ.get("OUT", "/tmp")) / f"lists_{args.n}.pt"
+    torch.save({"n": args.n, "config": cfg.to_dict(), "source": args.source, "lists": saved, "planner": "reference"},
+               out)
+    return out
+
+
 def main() -> None:
     from crisp_trt.kernels import attend as shipped
     from crisp_trt.kernels.launch import arch_of, options, tma
@@ -150,9 +184,13 @@ def main() -> None:
     ap.add_argument("--lists", default=None, help="a lists_<n>.pt this probe saved: time its lists on random Q/K/V "
                     "(no model, no plan times)")
     ap.add_argument("--shape", default="qwen", help="with --lists: the model's heads (bench.op.SHAPES)")
+    ap.add_argument("--cpu", action="store_true", help="only capture and plan on the CPU (reference), save the lists")
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     cfg = CrispConfig.from_dict({**CrispConfig().to_dict(), **json.loads(args.config)})
+    if args.cpu:
+        print(f"saved {cpu_lists(args, cfg)}")
+        return
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))  # TMA
     ordered = variant_module("attend", "ordered", ORDERED, Path(tempfile.mkdtemp()))
     block = cfg.block_size
