@@ -1,6 +1,7 @@
 """select: per (sequence, head, query block) the off-diagonal key-block list attend consumes.
 
-Grid (ceil(NB / QG), H, S): a program owns QG consecutive query blocks of one head; blocks are absolute
+Grid (ceil(NB / QG), H, S), or with ROWS (ceil(NB / QR), H, S): a program owns QG (QR) consecutive query
+blocks of one head, their entries KC (KR) at a time; blocks are absolute
 and a chunk's rows are those of the query blocks it touches, (kv_len − q_len) // B …; the others stay unlisted.
   vertical-slash head  row qb lists the kept columns c < qb, then qb − x for each kept distance
                        x ≥ 1 whose block is not already a column (reference.vertical_slash_union);
@@ -154,12 +155,11 @@ def _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr
     tl.store(counts_ptr + row, count, mask=row_ok)
 
 
-@kernel
-def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr,
-                  pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, spike,
-                  min_blocks, max_blocks,
-                  total, total_k, H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr,
-                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, ROWS: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
+@triton.jit
+def _program(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, pq_ptr,
+             pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, spike, min_blocks,
+             max_blocks, total, total_k, H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr,
+             FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, ROWS: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
     g = tl.num_programs(0) - 1 - tl.program_id(0)  # the latest query blocks (the longest rows) first
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -181,3 +181,19 @@ def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr,
                            sm_scale, kappa, quantile, gamma, spike, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL,
                            SAMPLES, D,
                            FLOOR, MIN_TOP and not FLOOR, QG, KC, ROWS)  # the floor budget has no min top-k here
+
+
+@kernel
+def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr,
+                  pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, spike,
+                  min_blocks, max_blocks,
+                  total, total_k, H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr,
+                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, ROWS: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr,
+                  QR: tl.constexpr, KR: tl.constexpr):
+    args = (cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, pq_ptr,
+            pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, spike, min_blocks,
+            max_blocks, total, total_k, H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES)
+    if ROWS:  # no pooled tl.dot: QR rows a program (more programs in flight), KR key blocks a chunk
+        _program(*args, D, FLOOR, MIN_TOP, ROWS, QR, KR)
+    else:  # the pooled logits' tl.dot needs 16 rows
+        _program(*args, D, FLOOR, MIN_TOP, ROWS, QG, KC)
