@@ -142,12 +142,10 @@ class Stages:
         self.idx, self.counts, scratch, spikes = map(self._buffer, ("idx", "counts", "scratch", "spikes"))
         rows_a_program = QR if cfg.rows else QG
         run(select_kernel, (-(-z.nb // rows_a_program), heads, seqs), *self.bounds, self.route_, self.columns,
-            self.distances,
-            self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, spikes, self.idx,
-            self.counts, self.scale, *self.knobs, cfg.spike, cfg.min_blocks, cfg.max_blocks, self.total, self.total_k,
-            heads, self.groups,
-            z.nb, z.maxk,
-            cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
+            self.distances, self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch,
+            spikes, self.idx, self.counts, self.scale, *self.knobs, cfg.spike, cfg.min_blocks, cfg.max_blocks,
+            self.total, self.total_k, heads, self.groups, z.nb, z.maxk, cfg.block_size, cfg.sink_blocks,
+            cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
             block=cfg.block_size, d=self.d, D=self.d, ROWS=cfg.rows > 0, **self.budget_flags)
 
     def plan(self) -> Plan:

@@ -30,8 +30,10 @@ from variants import variant_modules
 
 SHIPPED = "PROBES = tl.constexpr(4)"
 VARIANTS = {"base": ([],), **{f"p{p}": ([(SHIPPED, f"PROBES = tl.constexpr({p})")],) for p in (1, 2, 8, 16)},
-            # rows mode: 16 rows a program (QR 16, KR 64: the kernel before session 25) left 224 programs at 32k
+            # rows mode: QR 16 / KR 64 as the pooled mode's QG / KC (224 programs at 32k on 132 SMs)
             **{f"qr{qr}_kr{kr}": ([], qr, kr) for qr, kr in ((16, 64), (8, 128), (4, 64), (4, 128), (2, 256))}}
+QR, KR = launch.QR, launch.KR  # shipped; a variant's own values are patched in for its launches only, which
+# launch._COMPILED (keyed without the fixed constexprs) allows because each variant is its own kernel object
 CONFIGS = {"default": CrispConfig(),
            "rows16_g0.98": CrispConfig(tau=1.5, rows=16, budget="cumulative", gamma=0.98, min_budget=0, spike=0.0)}
 
@@ -42,9 +44,6 @@ def _lists(st) -> tuple[torch.Tensor, torch.Tensor]:
     idx = st.idx.clone()
     idx[torch.arange(idx.shape[-1], device=idx.device) >= counts[..., None]] = -1
     return counts, idx.sort(-1).values
-
-
-QR, KR = launch.QR, launch.KR  # shipped
 
 
 def main() -> None:
