@@ -20,6 +20,8 @@ constexpr int64_t kCRISP_ALIGN = 256;
 constexpr int64_t kCRISP_TENSOR_ALIGN = 16;
 constexpr int64_t kCRISP_QG = 16;
 constexpr int64_t kCRISP_KC = 64;
+constexpr int64_t kCRISP_QR = 4;
+constexpr int64_t kCRISP_KR = 256;
 constexpr int64_t kCRISP_RM = 128;
 constexpr int64_t kCRISP_RS = 528;
 constexpr int64_t kCRISP_RB = 16;
@@ -430,7 +432,7 @@ inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams 
         {"route_jsd", {H, S, 1}, ((p.routing == "jsd") && p.estimated())},
         {"spike", {z.nb, H, S}, (p.spike > 0)},
         {"rows", {crispMin(kCRISP_RS, ((crispCdiv((z.nb * p.rows), kCRISP_RM) * H) * S)), 1, 1}, (p.rows > 0)},
-        {"select", {crispCdiv(z.nb, kCRISP_QG), H, S}, true},
+        {"select", {((p.rows > 0) ? crispCdiv(z.nb, kCRISP_QR) : crispCdiv(z.nb, kCRISP_QG)), H, S}, true},
         {"attend", {z.nb, H, S}, true},
         {"poison_scan", {crispCdiv(crispMax((crispMax((total * H), (totalK * HK)) * D), 1), kCRISP_ELEMS), 3, 1}, true},
         {"poison_apply", {crispCdiv(crispMax(((total * H) * D), 1), kCRISP_ELEMS), 1, 1}, true},

@@ -11,7 +11,7 @@ parameters split three ways, read from the kernel itself:
   head counts, strides, bounds), passed by the plugin at launch, by name. The kernels never value-specialise
   integers (launch.kernel), so a cubin compiled here with plain i32 parameters is the one the torch op
   JIT-compiles;
-- fixed constexprs: `launch.fixed` (QG, RB, W, KC, ELEMS, INTERPRET = 0), the same in both;
+- fixed constexprs: `launch.fixed` (QG, KC, QR, KR, RB, W, ELEMS, INTERPRET = 0), the same in both;
 - variant constexprs: one cubin per value, and the plugin picks the cubin whose values match its launch:
   dtype (fp16/bf16, for kernels with q/k/v/out pointers), BLOCK (64/128), D (`--head-dims`), L (the window,
   16 ... BLOCK), route's chunk C (16 ... 1024, from NB = ceil(tokens / BLOCK): contract.SIZES["route_chunk"]), and the

@@ -25,6 +25,8 @@ CONSTANTS = {
     "TENSOR_ALIGN": 16,        # bytes: the cubins assume 16-byte aligned pointers (Triton's JIT specialisation)
     "QG": 16,                  # query blocks per select program (tl.dot needs 16 rows)
     "KC": 64,                  # key blocks per select tile and per chunk of rows' shares
+    "QR": 4,                   # query blocks per select program in rows mode (no tl.dot there: more, shorter programs)
+    "KR": 256,                 # key blocks per select tile in rows mode
     "RM": 128,                 # sampled rows per rows tile (RM / rows query blocks): one tensor-core tile
     "RS": 528,                 # rows programs at most (persistent, one [nb, RM] f32 slot each): 4 per H100 / H200 SM
     "RB": 16,                  # offset blocks per slash_reduce program
@@ -160,7 +162,7 @@ LAUNCHES = (
     ("route_jsd", ("H", "S", "1"), "routing == 'jsd' and estimated"),
     ("spike", ("nb", "H", "S"), "spike > 0"),
     ("rows", ("min(RS, cdiv(nb * rows, RM) * H * S)", "1", "1"), "rows > 0"),  # persistent over the tiles
-    ("select", ("cdiv(nb, QG)", "H", "S"), "True"),
+    ("select", ("cdiv(nb, QR) if rows > 0 else cdiv(nb, QG)", "H", "S"), "True"),
     ("attend", ("nb", "H", "S"), "True"),
     ("poison_scan", ("cdiv(max(max(total * H, total_k * HK) * D, 1), ELEMS)", "3", "1"), "True"),
     ("poison_apply", ("cdiv(max(total * H * D, 1), ELEMS)", "1", "1"), "True"),

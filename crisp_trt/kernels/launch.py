@@ -34,6 +34,7 @@ from . import contract
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 QG = contract.CONSTANTS["QG"]  # query blocks per select program (tl.dot needs 16 rows)
 SELECT_CHUNK = contract.CONSTANTS["KC"]  # key blocks per select tile
+QR, KR = contract.CONSTANTS["QR"], contract.CONSTANTS["KR"]  # the same two in rows mode
 ROWS_TILE = contract.CONSTANTS["RM"]  # sampled rows per rows tile
 ROWS_PROGRAMS = contract.CONSTANTS["RS"]  # persistent rows programs at most
 SLASH_ROWS = contract.CONSTANTS["RB"]  # offset blocks per slash_reduce program
@@ -84,8 +85,8 @@ def arch_of(t: torch.Tensor) -> int:
 def fixed(block: int, d: int = 0, arch: int = 0) -> dict:
     """Constexprs these rules fix for a launch at this block size, head dim and arch; each kernel takes those it
     declares."""
-    return {"W": min(block, SUBTILE), "RB": SLASH_ROWS, "QG": QG, "KC": SELECT_CHUNK, "RM": ROWS_TILE,
-            "ELEMS": POISON_ELEMS,
+    return {"W": min(block, SUBTILE), "RB": SLASH_ROWS, "QG": QG, "KC": SELECT_CHUNK, "QR": QR, "KR": KR,
+            "RM": ROWS_TILE, "ELEMS": POISON_ELEMS,
             "INTERPRET": INTERPRET, "TMA": tma(block, d, arch)}
 
 

@@ -22,7 +22,7 @@ import torch
 from ..config import CrispConfig
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
-from .launch import QG, ROWS_PROGRAMS, ROWS_TILE, SLASH_ROWS, launches, run, workspace
+from .launch import QG, QR, ROWS_PROGRAMS, ROWS_TILE, SLASH_ROWS, launches, run, workspace
 from .poison import poison
 from .pool import pool_kernel
 from .route import route_jsd_kernel, route_kernel
@@ -140,12 +140,12 @@ class Stages:
         """The select kernel alone (after scores)."""
         cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
         self.idx, self.counts, scratch, spikes = map(self._buffer, ("idx", "counts", "scratch", "spikes"))
-        run(select_kernel, (-(-z.nb // QG), heads, seqs), *self.bounds, self.route_, self.columns, self.distances,
-            self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch, spikes, self.idx,
-            self.counts, self.scale, *self.knobs, cfg.spike, cfg.min_blocks, cfg.max_blocks, self.total, self.total_k,
-            heads, self.groups,
-            z.nb, z.maxk,
-            cfg.block_size, cfg.sink_blocks, cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
+        rows_a_program = QR if cfg.rows else QG
+        run(select_kernel, (-(-z.nb // rows_a_program), heads, seqs), *self.bounds, self.route_, self.columns,
+            self.distances, self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch,
+            spikes, self.idx, self.counts, self.scale, *self.knobs, cfg.spike, cfg.min_blocks, cfg.max_blocks,
+            self.total, self.total_k, heads, self.groups, z.nb, z.maxk, cfg.block_size, cfg.sink_blocks,
+            cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
             block=cfg.block_size, d=self.d, D=self.d, ROWS=cfg.rows > 0, **self.budget_flags)
 
     def plan(self) -> Plan:

@@ -1,7 +1,8 @@
 """select: per (sequence, head, query block) the off-diagonal key-block list attend consumes.
 
-Grid (ceil(NB / QG), H, S): a program owns QG consecutive query blocks of one head; blocks are absolute
-and a chunk's rows are those of the query blocks it touches, (kv_len − q_len) // B …; the others stay unlisted.
+Grid (ceil(NB / QG), H, S), with ROWS (ceil(NB / QR), H, S): a program owns QG (QR) consecutive query blocks
+of one head and reads their entries KC (KR) at a time. Blocks are absolute and a chunk's rows are those of the
+query blocks it touches, (kv_len − q_len) // B …; the others stay unlisted.
   vertical-slash head  row qb lists the kept columns c < qb, then qb − x for each kept distance
                        x ≥ 1 whose block is not already a column (reference.vertical_slash_union);
   block-sparse head    p = softmax(pooled K[: qb + 1] · pooled q[qb] · scale) is written to the row's
@@ -159,25 +160,28 @@ def select_kernel(cu_ptr, cu_k_ptr, route_ptr, keep_c_ptr, keep_d_ptr, cols_ptr,
                   pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, sm_scale, kappa, quantile, gamma, spike,
                   min_blocks, max_blocks,
                   total, total_k, H, G, NB, MAXK, BLOCK, SINK, LOCAL, MAXC, MAXD, SAMPLES, D: tl.constexpr,
-                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, ROWS: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr):
+                  FLOOR: tl.constexpr, MIN_TOP: tl.constexpr, ROWS: tl.constexpr, QG: tl.constexpr, KC: tl.constexpr,
+                  QR: tl.constexpr, KR: tl.constexpr):
+    QN: tl.constexpr = QR if ROWS else QG  # rows mode has no pooled tl.dot (16 rows): more, shorter programs
+    CN: tl.constexpr = KR if ROWS else KC
     g = tl.num_programs(0) - 1 - tl.program_id(0)  # the latest query blocks (the longest rows) first
     h = tl.program_id(1)
     s = tl.program_id(2)
     _, q_len, _, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NB * BLOCK)
     nb = (n + BLOCK - 1) // BLOCK
     qb0 = (n - q_len) // BLOCK  # the chunk's first query block
-    if (g * QG >= nb) | (g * QG + QG <= qb0):
+    if (g * QN >= nb) | (g * QN + QN <= qb0):
         return
     head = s * H + h
     route = tl.load(route_ptr + head)
-    qb = g * QG + tl.arange(0, QG)
+    qb = g * QN + tl.arange(0, QN)
     row_ok = (qb < nb) & (qb >= qb0)
     row = head.to(tl.int64) * NB + qb
     if route == 1:
         _vertical_slash_rows(keep_c_ptr, keep_d_ptr, cols_ptr, ncols_ptr, dists_ptr, ndists_ptr, spk_ptr, idx_ptr,
-                             counts_ptr, head, row, qb, row_ok, spike, max_blocks, NB, MAXK, MAXC, MAXD, KC)
+                             counts_ptr, head, row, qb, row_ok, spike, max_blocks, NB, MAXK, MAXC, MAXD, CN)
     if route == 2:
         _block_sparse_rows(pq_ptr, pk_ptr, scratch_ptr, spk_ptr, idx_ptr, counts_ptr, s, h, row, qb, qb0, row_ok, nb,
                            sm_scale, kappa, quantile, gamma, spike, min_blocks, max_blocks, H, G, NB, MAXK, SINK, LOCAL,
                            SAMPLES, D,
-                           FLOOR, MIN_TOP and not FLOOR, QG, KC, ROWS)  # the floor budget has no min top-k here
+                           FLOOR, MIN_TOP and not FLOOR, QN, CN, ROWS)  # the floor budget has no min top-k here

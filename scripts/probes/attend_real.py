@@ -17,9 +17,10 @@ and the real lists in other program orders (an order table in place of the unuse
   heads_inner  query blocks latest first, the heads of a row together (GQA groups share K / V reads)
   lpt          (row, head) items by their counts, largest first
 Rate = blocks computed per ms over cuDNN's causal blocks per ms. Prints per-layer lines, then a summed table;
-writes $OUT/attend_real.json and each layer's lists as packed bit masks, $OUT/lists_<n>.pt ({layer: uint8
-[H, NB, NB / 8]}, `masks` reads them back: attend's speed does not depend on the values, so later probes can time
-real lists on random Q/K/V without the model).
+writes $OUT/attend_real.json and, from a model run, the lists as packed bit masks, $OUT/lists_<n>.pt ({"n",
+"config", "source", "lists": {layer: uint8 [H, NB, ceil(NB / 8)]}}; `masks` reads them back). Attend's speed does
+not depend on the values, so `--lists` times such a file on random Q/K/V, without the model; `--cpu` writes one
+from a CPU capture planned by the reference.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ ORDERED = [("    qb = NQB - 1 - tl.program_id(0)  # the longest key lists first:
             "    qb = item % NQB\n"
             "    h = item // NQB\n")]
 ROWS16_G098 = dict(tau=1.5, rows=16, budget="cumulative", gamma=0.98, min_budget=0, spike=0.0)
-LAUNCHES = 3
+LAUNCHES = 3  # back-to-back launches per timed call: Triton's launcher costs host time the shipped launch does not
 
 
 def transformed(idx, counts, how: str):
@@ -103,6 +104,22 @@ def orders(counts, how: str):
     return item.int().contiguous().view(torch.float32)
 
 
+def captured(args, device: str, dtype) -> dict:
+    """{layer: (q, k, v)} of --layers: the model (--model, else the bundled Qwen GGUF) on --n tokens of --source."""
+    from crisp_trt.bench.accuracy import use_rope
+    from crisp_trt.models import load_model, qwen_path, rope_for
+    from crisp_trt.workloads.real import capture, text_ids
+
+    model, tok = load_model(args.model if Path(args.model).exists() else qwen_path(), attn_implementation="sdpa",
+                            dtype=dtype, device=device)
+    use_rope(model, rope_for(model), args.n)
+    return capture(model, text_ids(tok, args.n, source=args.source), layers_of(args), out_device=device, dtype=dtype)
+
+
+def layers_of(args) -> list[int]:
+    return [int(x) for x in args.layers.split(",")]
+
+
 def planned(args, cfg: CrispConfig):
     """(layer, q, k, v, stats) per layer: the model's captured Q/K/V planned with cfg (stats: the plan's lists,
     dense flag, density and its stages' ms), or with --lists random Q/K/V of the model's shape beside the saved
@@ -110,28 +127,22 @@ def planned(args, cfg: CrispConfig):
     from crisp_trt.bench.op import SHAPES
     from crisp_trt.kernels.pipeline import Stages
 
-    layers = [int(x) for x in args.layers.split(",")]
     if args.lists:
         saved = torch.load(args.lists)
         n, heads, kv, d = saved["n"], *SHAPES[args.shape]
-        nb = -(-n // cfg.block_size)
-        for layer in [x for x in layers if x in saved["lists"]]:
+        nb = -(-n // cfg.block_size)  # cfg: the file's (main)
+        for layer in [x for x in layers_of(args) if x in saved["lists"]]:
+            if saved["lists"][layer].shape[0] != heads:
+                raise SystemExit(f"--lists: layer {layer} has {saved['lists'][layer].shape[0]} heads; --shape "
+                                 f"{args.shape} has {heads}")
             q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16) for h in (heads, kv, kv))
             idx, counts = (t.cuda() for t in masks(saved["lists"][layer], nb))
             density = float(counts.sum() + heads * nb) / (heads * nb * (nb + 1) / 2)
             yield layer, q, k, v, dict(idx=idx, counts=counts, dense=torch.zeros(1, dtype=torch.int32, device="cuda"),
                                        density=density)
         return
-    from crisp_trt.bench.accuracy import use_rope
-    from crisp_trt.models import load_model, rope_for
-    from crisp_trt.workloads.real import capture, text_ids
-
-    model, tok = load_model(args.model, attn_implementation="sdpa", dtype=torch.bfloat16, device="cuda")
-    use_rope(model, rope_for(model), args.n)
-    grabbed = capture(model, text_ids(tok, args.n, source=args.source), layers, out_device="cuda",
-                      dtype=torch.bfloat16)
-    del model
-    for layer in layers:
+    grabbed = captured(args, "cuda", torch.bfloat16)
+    for layer in layers_of(args):
         q, k, v = (t[0] for t in grabbed.pop(layer))
         cu = torch.tensor([0, args.n], dtype=torch.int32, device="cuda")
         st = Stages(q, k, cu, args.n, cfg)
@@ -147,19 +158,11 @@ def planned(args, cfg: CrispConfig):
 def cpu_lists(args, cfg: CrispConfig) -> Path:
     """--cpu: capture on the CPU (fp32 model, the bundled GGUF or --model) and plan with the reference, then save
     lists_<n>.pt for a later --lists run on the GPU (no staging there). Slow: a 32k forward takes many minutes."""
-    from crisp_trt.bench.accuracy import use_rope
     from crisp_trt.bench.op import reference_masks
-    from crisp_trt.models import load_model, qwen_path, rope_for
-    from crisp_trt.workloads.real import capture, text_ids
 
-    layers = [int(x) for x in args.layers.split(",")]
-    model, tok = load_model(args.model if Path(args.model).exists() else qwen_path(), attn_implementation="sdpa",
-                            dtype=torch.float32, device="cpu")
-    use_rope(model, rope_for(model), args.n)
-    grabbed = capture(model, text_ids(tok, args.n, source=args.source), layers)
-    del model
+    grabbed = captured(args, "cpu", torch.float32)
     saved = {}
-    for layer in layers:
+    for layer in layers_of(args):
         q, k, _ = (t[0] for t in grabbed.pop(layer))
         mask = reference_masks(q, k, cfg)
         saved[layer] = pack(mask & ~torch.eye(mask.shape[-1], dtype=torch.bool))
@@ -188,6 +191,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     cfg = CrispConfig.from_dict({**CrispConfig().to_dict(), **json.loads(args.config)})
+    if args.lists:
+        cfg = CrispConfig.from_dict(torch.load(args.lists)["config"])  # the lists' own config (block size)
     if args.cpu:
         print(f"saved {cpu_lists(args, cfg)}")
         return
@@ -203,6 +208,9 @@ def main() -> None:
         cudnn = dense_fn("dense_cudnn", q, k, v)
         cudnn_ms = median_ms(cudnn, args.repeats, "cuda")
         idx, counts, dense = stats.pop("idx"), stats.pop("counts"), stats.pop("dense")
+        if int(dense.sum()):
+            print(f"L{layer}: the plan is dense (short or dense_below): no lists to time", flush=True)
+            continue
         saved[layer] = packed(idx, counts)
         use_tma = tma(block, d, arch_of(q))
         opts = options("attend", block, d)
@@ -244,8 +252,12 @@ def main() -> None:
               + f"  diagonal alone {frac['diagonal_ms']:.3f} of dense  |diff| "
               + "/".join(f"{row[key]:.1g}" for key in ("real_max_diff_vs_op", "heads_inner_max_diff", "lpt_max_diff")),
               flush=True)
+    if not rows:
+        raise SystemExit(f"no layer to time: --layers {args.layers} (in --lists {args.lists}?)")
     out_dir = Path(os.environ.get("OUT", "/tmp"))
-    torch.save({"n": n, "config": cfg.to_dict(), "source": args.source, "lists": saved}, out_dir / f"lists_{n}.pt")
+    if not args.lists:
+        torch.save({"n": n, "config": cfg.to_dict(), "source": args.source, "lists": saved},
+                   out_dir / f"lists_{n}.pt")
     (out_dir / "attend_real.json").write_text(json.dumps({"config": cfg.to_dict(), "source": args.source,
                                                           "rows": rows}, indent=1))
     tot = {key: sum(r[key] for r in rows) for key in rows[0] if key.endswith("_ms")}
@@ -256,6 +268,7 @@ def main() -> None:
     print("".join(f"{c[:10]:>11}" for c in cols) + (f"{'op x':>8}" if "plan_ms" in tot else ""))
     print("".join(f"{tot[f'{c}_ms'] / tot['cudnn_ms']:>11.3f}" for c in cols)
           + (f"{tot['cudnn_ms'] / (tot['plan_ms'] + tot['real_ms']):>8.2f}" if "plan_ms" in tot else ""))
+
 
 if __name__ == "__main__":
     main()

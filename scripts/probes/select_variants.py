@@ -1,11 +1,11 @@
-"""The select kernel's time for the bisect probes a step (select.PROBES) and for the rows a program (QG) and the
-entries a chunk (KC), before changing the shipped kernel.
+"""The select kernel's time for the bisect probes a step (select.PROBES) and, in rows mode, for the rows a program
+(QR) and the key blocks a chunk (KR), before changing the shipped kernel.
 
     python3 scripts/probes/select_variants.py [--shapes qwen] [--lengths 32k,128k] [--variants base,p1,...]
 
-Each variant is crisp_trt/kernels/select.py with PROBES substituted (variants.py) and its QG / KC (contract
-constants, patched in launch and pipeline for its launches only; QG < 16 only where no pooled tl.dot runs, so
-rows16_g0.98 alone), launched by the pipeline's own
+Each variant is crisp_trt/kernels/select.py with PROBES substituted (variants.py) and its QR / KR (contract
+constants, patched in launch and pipeline for its launches only; rows16_g0.98 alone: the default does not read
+them), launched by the pipeline's own
 Stages.lists on the same plan inputs (synthetic bf16 q / k; estimate, route and scores run once by the shipped
 kernels) under two configs: the default (floor budget: a sampled quantile a row) and rows16_g0.98 (every head
 block-sparse, cumulative coverage of the sampled rows' mass: the mass threshold a row). Every P must give the
@@ -30,8 +30,10 @@ from variants import variant_modules
 
 SHIPPED = "PROBES = tl.constexpr(4)"
 VARIANTS = {"base": ([],), **{f"p{p}": ([(SHIPPED, f"PROBES = tl.constexpr({p})")],) for p in (1, 2, 8, 16)},
-            # select in rows mode runs 224 programs of 16 rows at 32k on 132 SMs: latency-bound passes
-            **{f"qg{qg}_kc{kc}": ([], qg, kc) for qg, kc in ((4, 64), (4, 128), (4, 256), (8, 128), (2, 256))}}
+            # rows mode: QR 16 / KR 64 as the pooled mode's QG / KC (224 programs at 32k on 132 SMs)
+            **{f"qr{qr}_kr{kr}": ([], qr, kr) for qr, kr in ((16, 64), (8, 128), (4, 64), (4, 128), (2, 256))}}
+QR, KR = launch.QR, launch.KR  # shipped; a variant's own values are patched in for its launches only, which
+# launch._COMPILED (keyed without the fixed constexprs) allows because each variant is its own kernel object
 CONFIGS = {"default": CrispConfig(),
            "rows16_g0.98": CrispConfig(tau=1.5, rows=16, budget="cumulative", gamma=0.98, min_budget=0, spike=0.0)}
 
@@ -42,9 +44,6 @@ def _lists(st) -> tuple[torch.Tensor, torch.Tensor]:
     idx = st.idx.clone()
     idx[torch.arange(idx.shape[-1], device=idx.device) >= counts[..., None]] = -1
     return counts, idx.sort(-1).values
-
-
-QG, KC = launch.QG, launch.SELECT_CHUNK  # shipped
 
 
 def main() -> None:
@@ -64,12 +63,12 @@ def main() -> None:
                 st.scores()
                 base = None
                 for name, mod in mods.items():
-                    _, qg, kc = (*VARIANTS[name], None, None)[:3]
-                    if qg is not None and qg < 16 and not cfg.rows:
+                    _, qr, kr = (*VARIANTS[name], None, None)[:3]
+                    if qr is not None and not cfg.rows:
                         continue
                     pipeline.select_kernel = mod.select_kernel
-                    pipeline.QG = launch.QG = qg or QG
-                    launch.SELECT_CHUNK = kc or KC
+                    pipeline.QR = launch.QR = qr or QR
+                    launch.KR = kr or KR
                     try:
                         ms = median_ms(st.lists, args.repeats, "cuda")
                     except Exception as e:  # a variant Triton cannot compile here is reported, not fatal
@@ -77,7 +76,7 @@ def main() -> None:
                         print(f"{shape} {n} {cname} {name}: FAILED {str(e)[:200]}", flush=True)
                         continue
                     finally:
-                        pipeline.select_kernel, pipeline.QG, launch.QG, launch.SELECT_CHUNK = shipped, QG, QG, KC
+                        pipeline.select_kernel, pipeline.QR, launch.QR, launch.KR = shipped, QR, QR, KR
                     got = _lists(st)
                     base = got if base is None else base
                     diff = int((got[0] != base[0]).sum() + (got[1] != base[1]).sum())
@@ -96,10 +95,10 @@ def main() -> None:
         if r0["variant"] != "base":
             continue
         key = (r0["shape"], r0["n"], r0["config"])
-        got = {r["variant"]: r for r in rows if (r["shape"], r["n"], r["config"]) == key and "ms" in r}
+        got = {r["variant"]: r for r in rows if (r["shape"], r["n"], r["config"]) == key}
         print(f"{r0['shape']:<7}{r0['n']:>7} {r0['config']:<13}" + " ".join(
-            f"{got[v]['fraction_of_dense']:>8.4f} ({got[v]['diff_base']:>3})" if v in got else f"{'fail':>14}"
-            for v in mods))
+            f"{'-':>14}" if v not in got else f"{'fail':>14}" if "ms" not in got[v]
+            else f"{got[v]['fraction_of_dense']:>8.4f} ({got[v]['diff_base']:>3})" for v in mods))
 
 
 if __name__ == "__main__":
