@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The kernel probes that need no model, in one device call (about 3 minutes, nothing to stage):
+#   attend_real      attend on a real model's lists (saved by attend_real.py, committed under
+#                    bench/results/latest/probes/attend_real/) with random Q/K/V: real vs contiguous vs uniform
+#                    lists, program orders
+#   select_variants  select's rows a program / key blocks a chunk in rows mode (QR / KR), lists checked equal
+#   profile_default  the default config's kernels at 32k / 128k, Qwen shape (route, select, attend, ...)
+#   profile_rows16   the same for rows16_g0.97
+# Each writes its JSON and log under $OUT/<probe>/; the last lines of each log print as it ends. The exit status
+# is the number of probes that failed.
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+LISTS=bench/results/latest/probes/attend_real/lists_32768_code_calib_reference.pt
+ROWS16='{"rows": 16, "tau": 1.5, "budget": "cumulative", "gamma": 0.97, "min_budget": 0, "spike": 0.0}'
+failed=0
+probe() {
+    local name=$1; shift
+    mkdir -p "$OUT/$name"
+    echo "== $name"
+    if ! OUT="$OUT/$name" timeout 240 "$@" > "$OUT/$name/log.txt" 2>&1; then
+        echo "== $name FAILED"
+        failed=$((failed + 1))
+    fi
+    grep -v Warning "$OUT/$name/log.txt" | tail -n 8
+}
+probe attend_real python3 scripts/probes/attend_real.py --lists "$LISTS"
+probe select_variants python3 scripts/probes/select_variants.py \
+    --variants base,qr16_kr64,qr8_kr128,qr4_kr64,qr4_kr128,qr2_kr256
+probe profile_default env SHAPE=qwen python3 scripts/probes/profile_plan.py 32768 131072
+probe profile_rows16 env SHAPE=qwen CONFIG="$ROWS16" python3 scripts/probes/profile_plan.py 32768 131072
+echo "gpu_probes.sh: $failed probe(s) failed"
+exit "$failed"
