@@ -2,7 +2,7 @@
 # The kernel probes that need no model, in one device call (about 3 minutes, nothing to stage):
 #   attend_real      attend on a real model's lists (saved by attend_real.py, committed under
 #                    bench/results/latest/probes/attend_real/) with random Q/K/V: real vs contiguous vs uniform
-#                    lists, program orders
+#                    lists, program orders, the list read 16 indices at a time (idx16)
 #   select_variants  select's rows a program / key blocks a chunk in rows mode (QR / KR), lists checked equal
 #   profile_default  the default config's kernels at 32k / 128k, Qwen shape (route, select, attend, ...)
 #   profile_rows16   the same for rows16_g0.97

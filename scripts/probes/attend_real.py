@@ -13,9 +13,11 @@ ones and change another:
   uniform     the layer's total blocks, every (head, row) the same share of its causal blocks (latest blocks, as
               contiguous): what the spread of counts over heads and rows costs
   diagonal    no listed block (the diagonal alone): the per-(row, head) overhead
-and the real lists in other program orders (an order table in place of the unused LSE pointer):
+and the real lists in other program orders (an order table in place of the unused LSE pointer) or kernels:
   heads_inner  query blocks latest first, the heads of a row together (GQA groups share K / V reads)
   lpt          (row, head) items by their counts, largest first
+  idx16        the list read 16 entries at a time into registers (the shipped loop loads block i + 1's index one
+               block ahead and waits on it before issuing that block's K / V copies); TMA only
 Rate = blocks computed per ms over cuDNN's causal blocks per ms. Prints per-layer lines, then a summed table;
 writes $OUT/attend_real.json and, from a model run, the lists as packed bit masks, $OUT/lists_<n>.pt ({"n",
 "config", "source", "lists": {layer: uint8 [H, NB, ceil(NB / 8)]}}; `masks` reads them back). Attend's speed does
@@ -45,7 +47,20 @@ ORDERED = [("    qb = NQB - 1 - tl.program_id(0)  # the longest key lists first:
             ".to(tl.int32, bitcast=True)\n"
             "    qb = item % NQB\n"
             "    h = item // NQB\n")]
+INDEX_CHUNKS = [("""        for i in tl.range(0, count):
+            acc, m_i, l_i = _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, qb, k_src, v_src,
+                                          hk, qk_scale, HK, MAXK, BLOCK, D, TMA)
+""", """        for c0 in range(0, count, 16):  # 16 list entries into registers: a block's TMA issue waits on no load
+            j = c0 + tl.arange(0, 16)
+            kbs = tl.load(idx_ptr + row.to(tl.int64) * MAXK + j * listed, mask=j < count, other=0) * listed + j * dense
+            kbs = tl.maximum(tl.minimum(kbs, qb - 1), 0)
+            for jj in tl.range(0, tl.minimum(16, count - c0)):
+                kb = tl.sum(tl.where(tl.arange(0, 16) == jj, kbs, 0))
+                acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_src, v_src, start + kb * BLOCK, hk * D, None, None,
+                                              qk_scale, False, True)
+""")]  # TMA only (the Qwen shape on sm_90)
 ROWS16_G098 = dict(tau=1.5, rows=16, budget="cumulative", gamma=0.98, min_budget=0, spike=0.0)
+TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt", "idx16")
 LAUNCHES = 3  # back-to-back launches per timed call: Triton's launcher costs host time the shipped launch does not
 
 
@@ -197,7 +212,9 @@ def main() -> None:
         print(f"saved {cpu_lists(args, cfg)}")
         return
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))  # TMA
-    ordered = variant_module("attend", "ordered", ORDERED, Path(tempfile.mkdtemp()))
+    tmp = Path(tempfile.mkdtemp())
+    ordered = variant_module("attend", "ordered", ORDERED, tmp)
+    chunked = variant_module("attend", "idx16", INDEX_CHUNKS, tmp)
     block = cfg.block_size
     rows, saved = [], {}
     for layer, q, k, v, stats in planned(args, cfg):
@@ -235,9 +252,16 @@ def main() -> None:
             ms, rate, out = time_attend(shipped, i, c, lse)
             row[f"{name}_ms"], row[f"{name}_rate"] = ms, rate
             if name == "real":
-                row["real_max_diff_vs_op"] = float((out.float() - ref).abs().max())
-        for name in ("heads_inner", "lpt"):
-            ms, rate, out = time_attend(ordered, idx, counts, orders(counts, name))
+                row["real_max_diff"] = float((out.float() - ref).abs().max())  # the shipped launch vs the op
+        for name, mod, table in (("heads_inner", ordered, orders(counts, "heads_inner")),
+                                 ("lpt", ordered, orders(counts, "lpt")), ("idx16", chunked, lse)):
+            if name == "idx16" and not use_tma:
+                continue
+            try:
+                ms, rate, out = time_attend(mod, idx, counts, table)
+            except Exception as e:  # a variant that does not compile here is reported, not fatal
+                print(f"L{layer} {name}: FAILED {str(e)[:200]}", flush=True)
+                continue
             row[f"{name}_ms"], row[f"{name}_rate"] = ms, rate
             row[f"{name}_max_diff"] = float((out.float() - ref).abs().max())
         if "plan_ms" in row:
@@ -247,11 +271,9 @@ def main() -> None:
         plan = (f"plan {frac['plan_ms']:.3f} (scores {frac['scores_ms']:.3f}, lists {frac['lists_ms']:.3f})  "
                 if "plan_ms" in row else "")
         print(f"L{layer:<3} density {row['density']:.3f}  cuDNN {cudnn_ms:.3f} ms  {plan}rate: "
-              + "  ".join(f"{m} {row[f'{m}_rate']:.2f}"
-                          for m in ("real", "contiguous", "uniform", "heads_inner", "lpt"))
+              + "  ".join(f"{m} {row[f'{m}_rate']:.2f}" for m in TIMED if f"{m}_rate" in row and m != "diagonal")
               + f"  diagonal alone {frac['diagonal_ms']:.3f} of dense  |diff| "
-              + "/".join(f"{row[key]:.1g}" for key in ("real_max_diff_vs_op", "heads_inner_max_diff", "lpt_max_diff")),
-              flush=True)
+              + " ".join(f"{key[:-9]} {row[key]:.1g}" for key in row if key.endswith("_max_diff")), flush=True)
     if not rows:
         raise SystemExit(f"no layer to time: --layers {args.layers} (in --lists {args.lists}?)")
     out_dir = Path(os.environ.get("OUT", "/tmp"))
@@ -260,9 +282,8 @@ def main() -> None:
                    out_dir / f"lists_{n}.pt")
     (out_dir / "attend_real.json").write_text(json.dumps({"config": cfg.to_dict(), "source": args.source,
                                                           "rows": rows}, indent=1))
-    tot = {key: sum(r[key] for r in rows) for key in rows[0] if key.endswith("_ms")}
-    cols = [c for c in ("plan", "scores", "lists", "real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt")
-            if f"{c}_ms" in tot]
+    tot = {key: sum(r[key] for r in rows) for key in rows[0] if key.endswith("_ms") and all(key in r for r in rows)}
+    cols = [c for c in ("plan", "scores", "lists", *TIMED) if f"{c}_ms" in tot]
     print(f"\nsummed over layers {[r['layer'] for r in rows]} at n={n}: fraction of cuDNN's time"
           + (", and the op's speed-up (plan + attend)" if "plan_ms" in tot else " (random Q/K/V, saved lists)"))
     print("".join(f"{c[:10]:>11}" for c in cols) + (f"{'op x':>8}" if "plan_ms" in tot else ""))
