@@ -325,17 +325,17 @@ def aot_images(tmp_path_factory):
 
 
 def test_route_floor_search_needs_no_shared_memory_layout_round_trips():
-    """The floor budget's one-probe bisection (route at C = 1024, n > 64k) compares [R, C] against [R, 1]: compiled
-    for sm_90 it needs no more shared memory than the coverage-only variant. A [R, 1, C] compare there once cost
-    4× the shared memory and 6.6× the code (layout conversions in every pass: the default's 128k slowdown)."""
+    """The floor budget's one-probe bisection (route at C = 1024, n > 64k) narrows in [R] vectors: compiled for
+    sm_90 it needs no more shared memory than the coverage-only variant. Picking the probe from [R, 1] columns
+    there once cost 4× the shared memory and 6.6× the code (layout conversions in every pass: the default's 128k
+    slowdown)."""
     code = ("from crisp_trt.kernels import aot; v = dict(dtype='', C=1024, MIN_TOP=False); "
-            "print(*[(i.shared, len(i.cubin)) for i in (aot.compile_image('route', {**v, 'FLOOR': f}, 90) "
+            "print([(i.shared, len(i.cubin)) for i in (aot.compile_image('route', {**v, 'FLOOR': f}, 90) "
             "for f in (True, False))])")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    (floor_shared, floor_bytes), (coverage_shared, coverage_bytes) = ast.literal_eval(
-        "[" + run.stdout.strip().replace(") (", "), (") + "]")
+    (floor_shared, floor_bytes), (coverage_shared, coverage_bytes) = ast.literal_eval(run.stdout.strip())
     assert floor_shared <= coverage_shared and floor_bytes < 2 * coverage_bytes, run.stdout
 
 

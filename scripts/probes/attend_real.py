@@ -20,7 +20,7 @@ and the real lists in other program orders (an order table in place of the unuse
                block ahead and waits on it before issuing that block's K / V copies); TMA only
 Rate = blocks computed per ms over cuDNN's causal blocks per ms. Prints per-layer lines, then a summed table;
 writes $OUT/attend_real.json and, from a model run, the lists as packed bit masks, $OUT/lists_<n>.pt ({"n",
-"config", "source", "lists": {layer: uint8 [H, NB, ceil(NB / 8)]}}; `masks` reads them back). Attend's speed does
+"config", "source", "lists": {layer: uint8 [H, NB, ceil(NB / 8)]}}; `unpack` reads them back). Attend's speed does
 not depend on the values, so `--lists` times such a file on random Q/K/V, without the model; `--cpu` writes one
 from a CPU capture planned by the reference.
 """
@@ -32,12 +32,14 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import triton
 
 from crisp_trt import CrispConfig
 from crisp_trt.bench.op import dense_fn, median_ms
+from crisp_trt.kernels.pipeline import Stages, lists_from_masks, masks_from_plan
 from crisp_trt.lengths import parse_length
 from variants import variant_module
 
@@ -79,31 +81,18 @@ def transformed(idx, counts, how: str):
     return latest.expand(1, heads, nb, maxk).contiguous(), counts
 
 
-def packed(idx, counts):
-    """Lists [1, H, NB, MAXK] / [1, H, NB] → uint8 [H, NB, ceil(NB / 8)]: bit kb of row qb set iff listed."""
-    _, heads, nb, maxk = idx.shape
-    width = -(-nb // 8) * 8
-    listed = torch.arange(maxk, device=idx.device)[None, None, :] < counts[0][..., None]
-    mask = torch.zeros(heads, nb, width + 1, dtype=torch.bool, device=idx.device)  # column `width`: unlisted slots
-    mask.scatter_(2, torch.where(listed, idx[0].long(), width), True)
-    return pack(mask[..., :nb])
-
-
 def pack(mask):
-    """bool [H, NB, NB] (off-diagonal blocks attended) → uint8 [H, NB, ceil(NB / 8)] on the CPU."""
+    """A block mask bool [H, NB, NB] (its lists: the blocks below the diagonal) → uint8 [H, NB, ceil(NB / 8)] on
+    the CPU."""
     heads, nb, _ = mask.shape
     width = -(-nb // 8) * 8
     bits = torch.nn.functional.pad(mask, (0, width - nb)).reshape(heads, nb, -1, 8).to(torch.uint8)
     return (bits << torch.arange(8, dtype=torch.uint8, device=mask.device)).sum(-1).to(torch.uint8).cpu()
 
 
-def masks(bits, nb: int):
-    """packed's inverse: (idx [1, H, NB, NB] int32 ascending, counts [1, H, NB] int32)."""
-    heads = bits.shape[0]
-    mask = ((bits[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1).bool().reshape(heads, nb, -1)[..., :nb]
-    counts = mask.sum(-1).int()
-    order = torch.where(mask, torch.arange(nb), nb).sort(-1).values.clamp_max(max(nb - 1, 0)).int()
-    return order[None].contiguous(), counts[None].contiguous()
+def unpack(bits, nb: int):
+    """pack's inverse: the block mask bool [H, NB, NB]."""
+    return ((bits[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1).bool().reshape(bits.shape[0], nb, -1)[..., :nb]
 
 
 def orders(counts, how: str):
@@ -140,7 +129,6 @@ def planned(args, cfg: CrispConfig):
     dense flag, density and its stages' ms), or with --lists random Q/K/V of the model's shape beside the saved
     lists (no plan times: those depend on the values)."""
     from crisp_trt.bench.op import SHAPES
-    from crisp_trt.kernels.pipeline import Stages
 
     if args.lists:
         saved = torch.load(args.lists)
@@ -151,7 +139,7 @@ def planned(args, cfg: CrispConfig):
                 raise SystemExit(f"--lists: layer {layer} has {saved['lists'][layer].shape[0]} heads; --shape "
                                  f"{args.shape} has {heads}")
             q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16) for h in (heads, kv, kv))
-            idx, counts = (t.cuda() for t in masks(saved["lists"][layer], nb))
+            idx, counts = (t.cuda() for t in lists_from_masks([unpack(saved["lists"][layer], nb)], nb, nb))
             density = float(counts.sum() + heads * nb) / (heads * nb * (nb + 1) / 2)
             yield layer, q, k, v, dict(idx=idx, counts=counts, dense=torch.zeros(1, dtype=torch.int32, device="cuda"),
                                        density=density)
@@ -180,7 +168,7 @@ def cpu_lists(args, cfg: CrispConfig) -> Path:
     for layer in layers_of(args):
         q, k, _ = (t[0] for t in grabbed.pop(layer))
         mask = reference_masks(q, k, cfg)
-        saved[layer] = pack(mask & ~torch.eye(mask.shape[-1], dtype=torch.bool))
+        saved[layer] = pack(mask)
         print(f"L{layer}: density {float(mask.sum()) / (mask.shape[0] * mask.shape[1] * (mask.shape[1] + 1) / 2):.3f}",
               flush=True)
     out = Path(os.environ.get("OUT", "/tmp")) / f"lists_{args.n}.pt"
@@ -228,7 +216,7 @@ def main() -> None:
         if int(dense.sum()):
             print(f"L{layer}: the plan is dense (short or dense_below): no lists to time", flush=True)
             continue
-        saved[layer] = packed(idx, counts)
+        saved[layer] = pack(masks_from_plan(SimpleNamespace(idx=idx, counts=counts, dense=dense), 0, nb))
         use_tma = tma(block, d, arch_of(q))
         opts = options("attend", block, d)
         lse = torch.empty(0, dtype=torch.float32, device="cuda")
