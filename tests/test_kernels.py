@@ -210,6 +210,30 @@ def test_crisp_cuda_dense_and_poison(device):
     assert torch.isnan(crisp_cuda(q, k, v, bad, 200, cfg)[0]).all()
 
 
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_poison_scans_every_element_of_each_input(device, where):
+    """The scan's one-dimensional grid covers q, then k, then v to their last element (keys longer than queries, as
+    a chunk has, and sizes that are not a multiple of a program's elements): a NaN or inf at the first or last
+    element of any one of them poisons the output and the LSE, and finite inputs leave both as they were."""
+    from crisp_trt.kernels.poison import poison
+
+    q, k, v = (torch.randn(n, h, 64, device=device) for n, h in ((45, 4), (133, 2), (133, 2)))
+    cu, cu_k = (torch.tensor([0, n], dtype=torch.int32, device=device) for n in (45, 133))
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    out, lse = torch.zeros_like(q), torch.zeros(45, 4, device=device)
+    poison(q, k, v, cu, cu_k, out, lse, flag)
+    assert int(flag) == 0 and not out.isnan().any() and not lse.isnan().any()
+    x = {"q": q, "k": k, "v": v}[where]
+    for i, bad in ((0, float("nan")), (x.numel() - 1, float("inf")), (x.numel() - 1, float("-inf"))):
+        flag.zero_()
+        out.zero_()
+        lse.zero_()
+        x.view(-1)[i] = bad
+        poison(q, k, v, cu, cu_k, out, lse, flag)
+        x.view(-1)[i] = 0.0
+        assert int(flag) == 1 and out.isnan().all() and lse.isnan().all(), (where, i, bad)
+
+
 @pytest.mark.parametrize("tau,route,chunked", [(0.97, 1, False), (1.5, 2, False), (1.5, 2, True)])
 def test_pipeline_reads_only_what_it_wrote(device, tau, route, chunked):
     """The workspace comes from torch.empty: a plan must not depend on what a previous user left there. The

@@ -164,7 +164,8 @@ LAUNCHES = (
     ("rows", ("min(RS, cdiv(nb * rows, RM) * H * S)", "1", "1"), "rows > 0"),  # persistent over the tiles
     ("select", ("cdiv(nb, QR) if rows > 0 else cdiv(nb, QG)", "H", "S"), "True"),
     ("attend", ("nb", "H", "S"), "True"),
-    ("poison_scan", ("cdiv(max(max(total * H, total_k * HK) * D, 1), ELEMS)", "3", "1"), "True"),
+    ("poison_scan", ("cdiv(max(total * H * D, 1), ELEMS) + 2 * cdiv(max(total_k * HK * D, 1), ELEMS)", "1", "1"),
+     "True"),
     ("poison_apply", ("cdiv(max(total * H * D, 1), ELEMS)", "1", "1"), "True"),
 )
 

@@ -1,9 +1,9 @@
 """poison: a NaN output (and LSE) for non-finite inputs or malformed cu_seqlens, with no host synchronisation.
 
-  poison_scan_kernel   grid (ceil(max(total_q·H, total_k·H_kv)·d / ELEMS), 3): program (i, t) sets flag = 1 if
-                       one of the ELEMS elements i·ELEMS.. of q (t = 0), k (1) or v (2) is NaN or ±inf; program
-                       (0, 0) also checks cu_seqlens and cu_seqlens_k (cu[0] = 0, cu[S] = total_q, cu_k[S] =
-                       total_k, no negative step, no sequence with more queries than keys)
+  poison_scan_kernel   grid (nq + 2·nk): nq = ceil(total_q·H·d / ELEMS) programs over q, then nk = ceil(total_k·H_kv·d
+                       / ELEMS) over k and nk over v; a program sets flag = 1 if one of its ELEMS elements is NaN
+                       or ±inf; program 0 also checks cu_seqlens and cu_seqlens_k (cu[0] = 0, cu[S] = total_q,
+                       cu_k[S] = total_k, no negative step, no sequence with more queries than keys)
   poison_apply_kernel  grid (ceil(total_q·H·d / ELEMS)): while flag is set, fills its ELEMS elements of the output
                        with NaN, and of the LSE (total_q·H ≤ total_q·H·d elements) when write_lse ≠ 0
 The flag (int32) is zeroed before the scan; the torch op and the plugin run both kernels.
@@ -43,16 +43,19 @@ def _bad_cu(cu_ptr, cu_k_ptr, seqs, total, total_k, ELEMS: tl.constexpr):
 def poison_scan_kernel(q_ptr, k_ptr, v_ptr, cu_ptr, cu_k_ptr, flag_ptr, total, total_k, seqs, q_width, kv_width,
                        ELEMS: tl.constexpr):
     i = tl.program_id(0)
-    t = tl.program_id(1)
-    off = i.to(tl.int64) * ELEMS + tl.arange(0, ELEMS)
-    if t == 0:
-        bad = _nonfinite(q_ptr, off, total.to(tl.int64) * q_width)
+    q_numel = total.to(tl.int64) * q_width
+    kv_numel = total_k.to(tl.int64) * kv_width
+    nq = tl.cdiv(tl.maximum(q_numel, 1), ELEMS)
+    nk = tl.cdiv(tl.maximum(kv_numel, 1), ELEMS)
+    lane = tl.arange(0, ELEMS)
+    if i < nq:
+        bad = _nonfinite(q_ptr, i.to(tl.int64) * ELEMS + lane, q_numel)
         if i == 0:
             bad = bad | _bad_cu(cu_ptr, cu_k_ptr, seqs, total, total_k, ELEMS).to(tl.int32)
-    elif t == 1:
-        bad = _nonfinite(k_ptr, off, total_k.to(tl.int64) * kv_width)
+    elif i < nq + nk:
+        bad = _nonfinite(k_ptr, (i - nq).to(tl.int64) * ELEMS + lane, kv_numel)
     else:
-        bad = _nonfinite(v_ptr, off, total_k.to(tl.int64) * kv_width)
+        bad = _nonfinite(v_ptr, (i - nq - nk).to(tl.int64) * ELEMS + lane, kv_numel)
     if bad != 0:
         tl.store(flag_ptr, 1)
 
@@ -73,8 +76,9 @@ def poison(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     flag: a zeroed int32 [1]."""
     total, heads, d = q.shape
     total_k, kv_heads = k.shape[:2]
-    scan = triton.cdiv(max(total * heads * d, total_k * kv_heads * d, 1), POISON_ELEMS)
-    run(poison_scan_kernel, (scan, 3), q, k, v, cu_seqlens, cu_seqlens_k, flag, total, total_k,
+    scan = triton.cdiv(max(total * heads * d, 1), POISON_ELEMS) + 2 * triton.cdiv(max(total_k * kv_heads * d, 1),
+                                                                                  POISON_ELEMS)
+    run(poison_scan_kernel, (scan,), q, k, v, cu_seqlens, cu_seqlens_k, flag, total, total_k,
         cu_seqlens.shape[0] - 1, heads * d, kv_heads * d, block=0)
     run(poison_apply_kernel, (triton.cdiv(max(total * heads * d, 1), POISON_ELEMS),), out, or_unused(lse, q), flag,
         total, heads * d, int(lse is not None), heads, block=0)
