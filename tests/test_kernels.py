@@ -138,15 +138,11 @@ def _plan_vs_reference(device, cfg, lens, heads, kv_heads, d, dtype, seed=4):
     ([900], [900], 16, 64, 4, None), ([900], [900], 16, 64, 4, 1),
     ([400, 37, 0, 50], [900, 300, 100, 50], 32, 64, 4, None), ([400, 37, 0, 50], [900, 300, 100, 50], 32, 64, 4, 3),
     ([129, 700], [1000, 700], 64, 128, 6, None)])
-def test_rows_kernel_writes_rows_mass(device, monkeypatch, lens_q, lens_k, rows, block, heads, programs):
+def test_rows_kernel_writes_rows_mass(device, lens_q, lens_k, rows, block, heads, programs):
     """rows_kernel's scratch rows equal reference.rows_mass on every block-sparse head and query block a chunk
     touches (chunks off block boundaries, an empty and a dense sequence, R 16 / 32 / 64, B 64 / 128); with
     `programs`, that few persistent programs, so each walks several tiles through its one slot."""
-    from crisp_trt.kernels import pipeline
     from crisp_trt.kernels.pipeline import Stages
-
-    if programs:
-        monkeypatch.setattr(pipeline, "ROWS_PROGRAMS", programs)
 
     cfg = CrispConfig(block_size=block, dense_below=60, tau=1.5, rows=rows, spike=0.0, min_budget=0,
                       budget="cumulative")
@@ -155,6 +151,9 @@ def test_rows_kernel_writes_rows_mass(device, monkeypatch, lens_q, lens_k, rows,
     whole, k, _ = (t[0].half() for t in synthetic_qkv(int(cu_k[-1]), heads, 2, 64, seed=3))  # f32 dots: TF32
     q = torch.cat([whole[int(end) - n: int(end)] for n, end in zip(lens_q, cu_k[1:])])
     st = Stages(*(t.to(device) for t in (q, k, cu_q)), max(lens_k), cfg, cu_seqlens_k=cu_k.to(device))
+    if programs:
+        assert st.grids["rows"][0] > programs
+        st.grids = {**st.grids, "rows": (programs, 1, 1)}
     st.estimate()
     st.route()
     st.select()

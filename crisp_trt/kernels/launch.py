@@ -228,12 +228,33 @@ class Workspace:
         return cls(layout, zeroed, offset)
 
 
+GRIDS = {stage: (grid, cond) for stage, grid, cond in contract.LAUNCHES}
+
+
+def _grid(stage: str, names: dict) -> tuple[int, ...] | None:
+    grid, cond = GRIDS[stage]
+    return tuple(int(contract.evaluate(e, names)) for e in grid) if contract.evaluate(cond, names) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _grid_of(stage: str, names: tuple) -> tuple[int, ...] | None:
+    return _grid(stage, dict(names))
+
+
+def grid(stage: str, **names) -> tuple[int, ...] | None:
+    """contract.LAUNCHES' grid of one stage over `names` (those its grid and condition read), None where its
+    condition is false; cached, so a layer's launch costs a dictionary lookup."""
+    return _grid_of(stage, tuple(sorted(names.items())))
+
+
 @functools.lru_cache(maxsize=64)
-def launches(cfg: CrispConfig) -> dict[str, bool]:
-    """Which of contract.LAUNCHES a config runs, by stage (the plugin's crispLaunchOrder evaluates the same
-    conditions), cached like workspace."""
-    names = contract.names_of(cfg)
-    return {stage: bool(contract.evaluate(cond, names)) for stage, _, cond in contract.LAUNCHES}
+def grids(seqs: int, heads: int, kv_heads: int, d: int, cfg: CrispConfig, max_seqlen: int, total: int,
+          total_k: int) -> dict[str, tuple[int, ...] | None]:
+    """Every stage's grid for one launch, None for a stage the config does not run (the plugin's
+    crispLaunchOrder evaluates the same table); cached like workspace."""
+    z = Sizes.of(max_seqlen, cfg)
+    names = {**contract.names_of(cfg, **contract.dims(seqs, heads, kv_heads, d, total, total_k)), **vars(z)}
+    return {stage: _grid(stage, names) for stage in GRIDS}
 
 
 @functools.lru_cache(maxsize=64)

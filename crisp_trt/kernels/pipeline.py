@@ -22,7 +22,7 @@ import torch
 from ..config import CrispConfig
 from .attend import attend
 from .estimate import estimate_mass_kernel, estimate_partial_kernel, slash_reduce_kernel
-from .launch import QG, QR, ROWS_PROGRAMS, ROWS_TILE, SLASH_ROWS, launches, run, workspace
+from .launch import grids, run, workspace
 from .poison import poison
 from .pool import pool_kernel
 from .route import route_jsd_kernel, route_kernel
@@ -69,7 +69,7 @@ class Stages:
         self.knobs = (cfg.kappa, cfg.floor_quantile, cfg.gamma)
         self.budget_flags = dict(FLOOR=cfg.budget == "floor", MIN_TOP=cfg.min_blocks > 0)  # route and select
         self.groups, self.total, self.total_k = self.heads // self.kv_heads, q.shape[0], k.shape[0]
-        self.launches = launches(cfg)
+        self.grids = grids(self.seqs, self.heads, self.kv_heads, self.d, cfg, max_seqlen, self.total, self.total_k)
 
     def _buffer(self, name: str) -> torch.Tensor:
         offset, shape, dtype = self.ws.layout[name]
@@ -79,7 +79,7 @@ class Stages:
 
     def estimate(self):
         """Proxy-map statistics vsum, vmax, ssum, smax [S, H, NB] and the pooled q/k blocks."""
-        q, k, cfg, z, seqs, heads = self.q, self.k, self.cfg, self.z, self.seqs, self.heads
+        q, k, cfg, z, heads = self.q, self.k, self.cfg, self.z, self.heads
         block, d, g = cfg.block_size, self.d, self.groups
         self.memory[:self.ws.zeroed].zero_()  # s_mass, the keep maps, counts, the poison flag
         part_m, part_l, s_mass = (self._buffer(n) for n in ("part_m", "part_l", "s_mass"))
@@ -87,33 +87,33 @@ class Stages:
         self.pooled_q, self.pooled_k, self.pooled_k_in = map(self._buffer, ("pooled_q", "pooled_k", "pooled_k_in"))
         args = (self.scale, z.chunk, self.dense_below, self.total, self.total_k)
         tile = dict(L=cfg.window, BLOCK=block, D=d)
-        if self.launches["estimate_partial"]:  # the vertical-slash estimate
-            run(estimate_partial_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, *args, heads, g,
+        if self.grids["estimate_partial"]:  # the vertical-slash estimate
+            run(estimate_partial_kernel, self.grids["estimate_partial"], q, k, *self.bounds, part_m, part_l, *args, heads, g,
                 z.nch, block=block, d=d, **tile)
-        if self.launches["estimate_mass"]:
-            run(estimate_mass_kernel, (z.nch, heads, seqs), q, k, *self.bounds, part_m, part_l, self.vsum,
+        if self.grids["estimate_mass"]:
+            run(estimate_mass_kernel, self.grids["estimate_mass"], q, k, *self.bounds, part_m, part_l, self.vsum,
                 self.vmax, s_mass, *args, heads, g, z.nb, z.nch, block=block, d=d, **tile)
-        if self.launches["slash_reduce"]:
-            run(slash_reduce_kernel, (-(-z.nb // SLASH_ROWS), heads, seqs), s_mass, *self.bounds, self.ssum,
+        if self.grids["slash_reduce"]:
+            run(slash_reduce_kernel, self.grids["slash_reduce"], s_mass, *self.bounds, self.ssum,
                 self.smax, self.dense_below, self.total, self.total_k, heads, z.nb, block=block, BLOCK=block)
-        if self.launches["pool"]:
-            run(pool_kernel, (z.nb, heads + self.kv_heads, seqs), q, k, *self.bounds, self.pooled_q, self.pooled_k,
+        if self.grids["pool"]:
+            run(pool_kernel, self.grids["pool"], q, k, *self.bounds, self.pooled_q, self.pooled_k,
                 self.pooled_k_in, self.dense_below, self.total, self.total_k, heads, self.kv_heads, z.nb, block=block,
                 d=d, BLOCK=block, D=d)
 
     def route(self):
         """Per head: kept columns / distances (maps and lists), C_struct, route; dense flag per sequence."""
-        cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
+        cfg, z, heads = self.cfg, self.z, self.heads
         self.columns, offsets, self.distances = (self._buffer(n) for n in ("columns", "offsets", "distances"))
         self.cols, self.dists, self.ncols, self.ndists = (self._buffer(n) for n in ("cols", "dists", "ncols", "ndists"))
         self.route_, self.c_struct, self.dense = (self._buffer(n) for n in ("route", "c_struct", "dense"))
-        run(route_kernel, (heads, seqs), self.vsum, self.vmax, self.ssum, self.smax, *self.bounds, self.columns,
+        run(route_kernel, self.grids["route"], self.vsum, self.vmax, self.ssum, self.smax, *self.bounds, self.columns,
             offsets, self.distances, self.cols, self.ncols, self.dists, self.ndists, self.c_struct, self.route_,
             self.dense, *self.knobs, cfg.tau, cfg.coverage, len(cfg.kappas()), cfg.min_blocks, cfg.max_blocks,
             self.dense_below, self.total, self.total_k, heads, z.nb, cfg.block_size, cfg.sink_blocks,
             cfg.local_blocks, z.maxc, z.maxd, block=cfg.block_size, C=z.route_chunk, **self.budget_flags)
-        if self.launches["route_jsd"]:
-            run(route_jsd_kernel, (heads, seqs), self.vsum, *self.bounds, self.q, self.pooled_k, self.route_,
+        if self.grids["route_jsd"]:
+            run(route_jsd_kernel, self.grids["route_jsd"], self.vsum, *self.bounds, self.q, self.pooled_k, self.route_,
                 self.scale, cfg.tau, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb,
                 cfg.block_size, block=cfg.block_size, d=self.d, L=cfg.window, D=self.d)
 
@@ -126,22 +126,20 @@ class Stages:
         """What select ranks block-sparse rows by, besides pooled attention: spike flags, sampled rows' mass."""
         cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
         scratch, spikes, slots = map(self._buffer, ("scratch", "spikes", "slots"))
-        if self.launches["spike"]:
-            run(spike_kernel, (z.nb, heads, seqs), self.q, *self.bounds, self.pooled_k_in, spikes, self.scale,
+        if self.grids["spike"]:
+            run(spike_kernel, self.grids["spike"], self.q, *self.bounds, self.pooled_k_in, spikes, self.scale,
                 cfg.spike, self.dense_below, self.total, self.total_k, heads, self.groups, z.nb, block=cfg.block_size,
                 d=self.d, BLOCK=cfg.block_size, D=self.d)
-        if self.launches["rows"]:
-            tiles = -(-(z.nb * cfg.rows) // ROWS_TILE) * heads * seqs
-            run(rows_kernel, (min(ROWS_PROGRAMS, tiles), 1, 1), self.q, self.k, *self.bounds, self.route_, scratch,
+        if self.grids["rows"]:
+            run(rows_kernel, self.grids["rows"], self.q, self.k, *self.bounds, self.route_, scratch,
                 slots, self.scale, self.dense_below, self.total, self.total_k, seqs, heads, self.groups, z.nb,
                 block=cfg.block_size, d=self.d, BLOCK=cfg.block_size, D=self.d, R=cfg.rows)
 
     def lists(self):
         """The select kernel alone (after scores)."""
-        cfg, z, seqs, heads = self.cfg, self.z, self.seqs, self.heads
+        cfg, z, heads = self.cfg, self.z, self.heads
         self.idx, self.counts, scratch, spikes = map(self._buffer, ("idx", "counts", "scratch", "spikes"))
-        rows_a_program = QR if cfg.rows else QG
-        run(select_kernel, (-(-z.nb // rows_a_program), heads, seqs), *self.bounds, self.route_, self.columns,
+        run(select_kernel, self.grids["select"], *self.bounds, self.route_, self.columns,
             self.distances, self.cols, self.ncols, self.dists, self.ndists, self.pooled_q, self.pooled_k, scratch,
             spikes, self.idx, self.counts, self.scale, *self.knobs, cfg.spike, cfg.min_blocks, cfg.max_blocks,
             self.total, self.total_k, heads, self.groups, z.nb, z.maxk, cfg.block_size, cfg.sink_blocks,

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import POISON_ELEMS, kernel, or_unused, run
+from .launch import grid, kernel, or_unused, run
 
 
 @triton.jit
@@ -76,10 +76,9 @@ def poison(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     flag: a zeroed int32 [1]."""
     total, heads, d = q.shape
     total_k, kv_heads = k.shape[:2]
-    scan = triton.cdiv(max(total * heads * d, 1), POISON_ELEMS) + 2 * triton.cdiv(max(total_k * kv_heads * d, 1),
-                                                                                  POISON_ELEMS)
-    run(poison_scan_kernel, (scan,), q, k, v, cu_seqlens, cu_seqlens_k, flag, total, total_k,
+    dims = dict(total=total, H=heads, D=d, total_k=total_k, HK=kv_heads)
+    run(poison_scan_kernel, grid("poison_scan", **dims), q, k, v, cu_seqlens, cu_seqlens_k, flag, total, total_k,
         cu_seqlens.shape[0] - 1, heads * d, kv_heads * d, block=0)
-    run(poison_apply_kernel, (triton.cdiv(max(total * heads * d, 1), POISON_ELEMS),), out, or_unused(lse, q), flag,
+    run(poison_apply_kernel, grid("poison_apply", **dims), out, or_unused(lse, q), flag,
         total, heads * d, int(lse is not None), heads, block=0)
     return out
