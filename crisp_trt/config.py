@@ -179,6 +179,16 @@ class CrispConfig:
         return cls(**base)
 
 
+    @classmethod
+    def sampled_rows(cls, gamma: float = 0.98, rows: int = 16, **changes) -> "CrispConfig":
+        """The sampled-rows plan measured on Qwen (rows16_gG in bench/NOTES.md, sessions 22–25): every head
+        block-sparse (tau 1.5), each query block's key blocks ranked by `rows` sampled rows' exact attention and
+        kept until `gamma` of it, no minimum budget, no spike stage."""
+        base = dict(tau=1.5, rows=rows, budget="cumulative", gamma=gamma, min_budget=0, spike=0.0)
+        base.update(changes)
+        return cls(**base)
+
+
 METHODS = {
     "crisp": {},
     "flexprefill": None,  # CrispConfig.flexprefill()

@@ -36,3 +36,8 @@ def test_methods():
     assert method_config("crisp_gamma").budget == "cumulative" and method_config("crisp_jsd").routing == "jsd"
     with pytest.raises(ValueError, match="method"):
         method_config("magic")
+    sr = CrispConfig.sampled_rows(gamma=0.97, max_budget=131072)
+    assert (sr.rows, sr.tau, sr.budget, sr.gamma, sr.min_budget, sr.spike, sr.max_budget) == (
+        16, 1.5, "cumulative", 0.97, 0, 0.0, 131072)
+    with pytest.raises(ValueError, match="rows"):
+        CrispConfig.sampled_rows(rows=12)

@@ -11,7 +11,7 @@
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 LISTS=bench/results/latest/probes/attend_real/lists_32768_code_calib_reference.pt
-ROWS16='{"rows": 16, "tau": 1.5, "budget": "cumulative", "gamma": 0.97, "min_budget": 0, "spike": 0.0}'
+ROWS16=$(python3 -c 'import json; from crisp_trt import CrispConfig; print(json.dumps(CrispConfig.sampled_rows(gamma=0.97).to_dict()))')
 failed=0
 probe() {
     local name=$1; shift

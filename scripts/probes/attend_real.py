@@ -61,7 +61,6 @@ INDEX_CHUNKS = [("""        for i in tl.range(0, count):
                 acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_src, v_src, start + kb * BLOCK, hk * D, None, None,
                                               qk_scale, False, True)
 """)]  # TMA only (the Qwen shape on sm_90)
-ROWS16_G098 = dict(tau=1.5, rows=16, budget="cumulative", gamma=0.98, min_budget=0, spike=0.0)
 TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt", "idx16")
 LAUNCHES = 3  # back-to-back launches per timed call: Triton's launcher costs host time the shipped launch does not
 
@@ -186,7 +185,8 @@ def main() -> None:
     ap.add_argument("--n", type=parse_length, default=32768)
     ap.add_argument("--layers", default="0,4,8,12,16,20,23")
     ap.add_argument("--source", default="code_calib", help="a texts corpus (calibration text: not evaluation)")
-    ap.add_argument("--config", default=json.dumps(ROWS16_G098), help="CrispConfig fields over the default (JSON)")
+    ap.add_argument("--config", default=json.dumps(CrispConfig.sampled_rows(gamma=0.98).to_dict()),
+                    help="CrispConfig fields over the default (JSON)")
     ap.add_argument("--lists", default=None, help="a lists_<n>.pt this probe saved: time its lists on random Q/K/V "
                     "(no model, no plan times)")
     ap.add_argument("--shape", default="qwen", help="with --lists: the model's heads (bench.op.SHAPES)")
