@@ -18,6 +18,9 @@ and the real lists in other program orders (an order table in place of the unuse
   lpt          (row, head) items by their counts, largest first
   idx16        the list read 16 entries at a time into registers (the shipped loop loads block i + 1's index one
                block ahead and waits on it before issuing that block's K / V copies); TMA only
+and the shipped kernel under other launch options (launch.options: 4 warps, 3 stages at d 64):
+  warps8       8 warps (two warpgroups of 64 rows each)
+  stages2      2 stages; stages4: 4 stages (the K / V ring's depth)
 Rate = blocks computed per ms over cuDNN's causal blocks per ms. Prints per-layer lines, then a summed table;
 writes $OUT/attend_real.json and, from a model run, the lists as packed bit masks, $OUT/lists_<n>.pt ({"n",
 "config", "source", "lists": {layer: uint8 [H, NB, ceil(NB / 8)]}}; `unpack` reads them back). Attend's speed does
@@ -61,7 +64,8 @@ INDEX_CHUNKS = [("""        for i in tl.range(0, count):
                 acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_src, v_src, start + kb * BLOCK, hk * D, None, None,
                                               qk_scale, False, True)
 """)]  # TMA only (the Qwen shape on sm_90)
-TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt", "idx16")
+OPTIONS = {"warps8": {"num_warps": 8}, "stages2": {"num_stages": 2}, "stages4": {"num_stages": 4}}
+TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt", "idx16", *OPTIONS)
 LAUNCHES = 3  # back-to-back launches per timed call: Triton's launcher costs host time the shipped launch does not
 
 
@@ -223,14 +227,14 @@ def main() -> None:
         ref = shipped.attend(q, k, v, cu, idx, counts, dense, block).float()
         row = dict(layer=layer, n=n, cudnn_ms=cudnn_ms, **stats, gpu=torch.cuda.get_device_name())
 
-        def time_attend(mod, i, c, table):
+        def time_attend(mod, i, c, table, **changes):
             out = torch.empty_like(q)
 
             def launch():
                 for _ in range(LAUNCHES):
                     mod.attend_kernel[(nb, heads, 1)](q, k, v, out, table, cu, cu, i, c, dense, 1 / math.sqrt(d), n,
                                                       n, 0, heads, heads // k.shape[1], nb, i.shape[-1], BLOCK=block,
-                                                      D=d, INTERPRET=False, TMA=use_tma, **opts)
+                                                      D=d, INTERPRET=False, TMA=use_tma, **{**opts, **changes})
             ms = median_ms(launch, args.repeats, "cuda") / LAUNCHES
             blocks = float(c.sum()) / heads + nb
             return ms, (blocks / ms) / (causal / cudnn_ms), out
@@ -241,12 +245,13 @@ def main() -> None:
             row[f"{name}_ms"], row[f"{name}_rate"] = ms, rate
             if name == "real":
                 row["real_max_diff"] = float((out.float() - ref).abs().max())  # the shipped launch vs the op
-        for name, mod, table in (("heads_inner", ordered, orders(counts, "heads_inner")),
-                                 ("lpt", ordered, orders(counts, "lpt")), ("idx16", chunked, lse)):
+        for name, mod, table, changes in (("heads_inner", ordered, orders(counts, "heads_inner"), {}),
+                                          ("lpt", ordered, orders(counts, "lpt"), {}), ("idx16", chunked, lse, {}),
+                                          *((name, shipped, lse, changes) for name, changes in OPTIONS.items())):
             if name == "idx16" and not use_tma:
                 continue
             try:
-                ms, rate, out = time_attend(mod, idx, counts, table)
+                ms, rate, out = time_attend(mod, idx, counts, table, **changes)
             except Exception as e:  # a variant that does not compile here is reported, not fatal
                 print(f"L{layer} {name}: FAILED {str(e)[:200]}", flush=True)
                 continue
