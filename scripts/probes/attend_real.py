@@ -16,6 +16,8 @@ ones and change another:
 and the real lists in other program orders (an order table in place of the unused LSE pointer) or kernels:
   heads_inner  query blocks latest first, the heads of a row together (GQA groups share K / V reads)
   lpt          (row, head) items by their counts, largest first
+  host_tma     K / V descriptors built on the host and passed by value (shipped: each program writes two into
+               the workspace and fences before its first copy); TMA only
   idx16        the list read 16 entries at a time into registers (the shipped loop loads block i + 1's index one
                block ahead and waits on it before issuing that block's K / V copies); TMA only
 and the shipped kernel under other launch options (launch.options: 4 warps, 3 stages at d 64):
@@ -52,6 +54,12 @@ ORDERED = [("    qb = NQB - 1 - tl.program_id(0)  # the longest key lists first:
             ".to(tl.int32, bitcast=True)\n"
             "    qb = item % NQB\n"
             "    h = item // NQB\n")]
+HOST_TMA = [("def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr,", "def attend_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr,"),
+            ("""        k_src = tl.make_tensor_descriptor(k_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
+        v_src = tl.make_tensor_descriptor(v_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
+""", """        k_src = k_desc
+        v_src = v_desc
+""")]  # TMA only: descriptors built once on the host (a __grid_constant__ argument), none written per program
 INDEX_CHUNKS = [("""        for i in tl.range(0, count):
             acc, m_i, l_i = _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, qb, k_src, v_src,
                                           hk, qk_scale, HK, MAXK, BLOCK, D, TMA)
@@ -65,7 +73,7 @@ INDEX_CHUNKS = [("""        for i in tl.range(0, count):
                                               qk_scale, False, True)
 """)]  # TMA only (the Qwen shape on sm_90)
 OPTIONS = {"warps8": {"num_warps": 8}, "stages2": {"num_stages": 2}, "stages4": {"num_stages": 4}}
-TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt", "idx16", *OPTIONS)
+TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt", "idx16", "host_tma", *OPTIONS)
 LAUNCHES = 3  # back-to-back launches per timed call: Triton's launcher costs host time the shipped launch does not
 
 
@@ -183,6 +191,7 @@ def cpu_lists(args, cfg: CrispConfig) -> Path:
 def main() -> None:
     from crisp_trt.kernels import attend as shipped
     from crisp_trt.kernels.launch import arch_of, options, tma
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="/tmp/qwen_hf")
@@ -207,6 +216,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     ordered = variant_module("attend", "ordered", ORDERED, tmp)
     chunked = variant_module("attend", "idx16", INDEX_CHUNKS, tmp)
+    host = variant_module("attend", "host_tma", HOST_TMA, tmp)
     block = cfg.block_size
     rows, saved = [], {}
     for layer, q, k, v, stats in planned(args, cfg):
@@ -229,12 +239,15 @@ def main() -> None:
 
         def time_attend(mod, i, c, table, **changes):
             out = torch.empty_like(q)
+            descs = (() if mod is not host else
+                     tuple(TensorDescriptor.from_tensor(t.view(n, -1), block_shape=[block, d]) for t in (k, v)))
 
             def launch():
                 for _ in range(LAUNCHES):
-                    mod.attend_kernel[(nb, heads, 1)](q, k, v, out, table, cu, cu, i, c, dense, 1 / math.sqrt(d), n,
-                                                      n, 0, heads, heads // k.shape[1], nb, i.shape[-1], BLOCK=block,
-                                                      D=d, INTERPRET=False, TMA=use_tma, **{**opts, **changes})
+                    mod.attend_kernel[(nb, heads, 1)](q, k, v, *descs, out, table, cu, cu, i, c, dense,
+                                                      1 / math.sqrt(d), n, n, 0, heads, heads // k.shape[1], nb,
+                                                      i.shape[-1], BLOCK=block, D=d, INTERPRET=False, TMA=use_tma,
+                                                      **{**opts, **changes})
             ms = median_ms(launch, args.repeats, "cuda") / LAUNCHES
             blocks = float(c.sum()) / heads + nb
             return ms, (blocks / ms) / (causal / cudnn_ms), out
@@ -247,8 +260,9 @@ def main() -> None:
                 row["real_max_diff"] = float((out.float() - ref).abs().max())  # the shipped launch vs the op
         for name, mod, table, changes in (("heads_inner", ordered, orders(counts, "heads_inner"), {}),
                                           ("lpt", ordered, orders(counts, "lpt"), {}), ("idx16", chunked, lse, {}),
+                                          ("host_tma", host, lse, {}),
                                           *((name, shipped, lse, changes) for name, changes in OPTIONS.items())):
-            if name == "idx16" and not use_tma:
+            if name in ("idx16", "host_tma") and not use_tma:
                 continue
             try:
                 ms, rate, out = time_attend(mod, idx, counts, table, **changes)
