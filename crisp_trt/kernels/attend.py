@@ -148,7 +148,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     if descriptors is None and tma(block, d, arch_of(q)):
         descriptors = torch.empty(seqs * heads * nqb * DESCRIPTORS, dtype=torch.uint8, device=q.device)
-    run(attend_kernel, grid("attend", nb=nqb, H=heads, S=seqs), q, k, v, out, or_unused(lse, q), cu_seqlens, cu_k, idx, counts, dense,
-        1.0 / math.sqrt(d), total, k.shape[0], int(lse is not None), heads, heads // k.shape[1], nqb, maxk,
-        block=block, d=d, scratch=descriptors, BLOCK=block, D=d)
+    run(attend_kernel, grid("attend", nb=nqb, H=heads, S=seqs), q, k, v, out, or_unused(lse, q), cu_seqlens, cu_k,
+        idx, counts, dense, 1.0 / math.sqrt(d), total, k.shape[0], int(lse is not None), heads, heads // k.shape[1],
+        nqb, maxk, block=block, d=d, scratch=descriptors, BLOCK=block, D=d)
     return out

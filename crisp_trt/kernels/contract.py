@@ -212,7 +212,13 @@ def _code(expr: str):
 
 def evaluate(expr: str, names: dict):
     """The value of one contract expression given the launch's names (constants and functions added)."""
-    return eval(_code(expr), {"__builtins__": {}}, {**CONSTANTS, **FUNCTIONS, **names})  # noqa: S307 (our tables)
+    return evaluator(names)(expr)
+
+
+def evaluator(names: dict):
+    """expr → its value over the launch's names, the scope built once for many expressions."""
+    scope = {**CONSTANTS, **FUNCTIONS, **names}
+    return lambda expr: eval(_code(expr), {"__builtins__": {}}, scope)  # noqa: S307 (our tables)
 
 
 def names_of(cfg: CrispConfig, **more) -> dict:

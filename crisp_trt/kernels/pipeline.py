@@ -88,8 +88,8 @@ class Stages:
         args = (self.scale, z.chunk, self.dense_below, self.total, self.total_k)
         tile = dict(L=cfg.window, BLOCK=block, D=d)
         if self.grids["estimate_partial"]:  # the vertical-slash estimate
-            run(estimate_partial_kernel, self.grids["estimate_partial"], q, k, *self.bounds, part_m, part_l, *args, heads, g,
-                z.nch, block=block, d=d, **tile)
+            run(estimate_partial_kernel, self.grids["estimate_partial"], q, k, *self.bounds, part_m, part_l, *args,
+                heads, g, z.nch, block=block, d=d, **tile)
         if self.grids["estimate_mass"]:
             run(estimate_mass_kernel, self.grids["estimate_mass"], q, k, *self.bounds, part_m, part_l, self.vsum,
                 self.vmax, s_mass, *args, heads, g, z.nb, z.nch, block=block, d=d, **tile)

@@ -1,8 +1,8 @@
 """poison: a NaN output (and LSE) for non-finite inputs or malformed cu_seqlens, with no host synchronisation.
 
-  poison_scan_kernel   grid (nq + 2·nk): nq = ceil(total_q·H·d / ELEMS) programs over q, then nk = ceil(total_k·H_kv·d
-                       / ELEMS) over k and nk over v; a program sets flag = 1 if one of its ELEMS elements is NaN
-                       or ±inf; program 0 also checks cu_seqlens and cu_seqlens_k (cu[0] = 0, cu[S] = total_q,
+  poison_scan_kernel   grid (nq + 2·nk): nq = ceil(total_q·H·d / ELEMS) programs over q, then
+                       nk = ceil(total_k·H_kv·d / ELEMS) over k and nk over v; a program sets flag = 1 if one of
+                       its ELEMS elements is NaN or ±inf; program 0 also checks cu_seqlens and cu_seqlens_k (cu[0] = 0, cu[S] = total_q,
                        cu_k[S] = total_k, no negative step, no sequence with more queries than keys)
   poison_apply_kernel  grid (ceil(total_q·H·d / ELEMS)): while flag is set, fills its ELEMS elements of the output
                        with NaN, and of the LSE (total_q·H ≤ total_q·H·d elements) when write_lse ≠ 0
