@@ -4,7 +4,7 @@
 #                    bench/results/latest/probes/attend_real/) with random Q/K/V: real vs contiguous vs uniform
 #                    lists, program orders, the list read 16 indices at a time (idx16)
 #   select_variants  select's rows a program / key blocks a chunk in rows mode (QR / KR), lists checked equal
-#   profile_default  the default config's kernels at 32k / 128k, Qwen shape (route, select, attend, ...)
+#   profile_default  the default config's kernels at 8k / 32k / 128k, Qwen shape (route, select, attend, ...)
 #   profile_rows16   the same for rows16_g0.97
 # Each writes its JSON and log under $OUT/<probe>/; the last lines of each log print as it ends. The exit status
 # is the number of probes that failed.
@@ -26,7 +26,7 @@ probe() {
 probe attend_real python3 scripts/probes/attend_real.py --lists "$LISTS"
 probe select_variants python3 scripts/probes/select_variants.py \
     --variants base,qr16_kr64,qr8_kr128,qr4_kr64,qr4_kr128,qr2_kr256
-probe profile_default env SHAPE=qwen python3 scripts/probes/profile_plan.py 32768 131072
+probe profile_default env SHAPE=qwen python3 scripts/probes/profile_plan.py 8192 32768 131072
 probe profile_rows16 env SHAPE=qwen CONFIG="$ROWS16" python3 scripts/probes/profile_plan.py 32768 131072
 echo "gpu_probes.sh: $failed probe(s) failed"
 exit "$failed"
