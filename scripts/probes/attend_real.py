@@ -18,6 +18,7 @@ and the real lists in other program orders (an order table in place of the unuse
   lpt          (row, head) items by their counts, largest first
   host_tma     K / V descriptors built on the host and passed by value (shipped: each program writes two into
                the workspace and fences before its first copy); TMA only
+  persistent   2 programs an SM walk the (row, head) items in LPT order, descriptors made once a program; TMA only
   idx16        the list read 16 entries at a time into registers (the shipped loop loads block i + 1's index one
                block ahead and waits on it before issuing that block's K / V copies); TMA only
 and the shipped kernel under other launch options (launch.options: 4 warps, 3 stages at d 64):
@@ -60,6 +61,46 @@ HOST_TMA = [("def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr,", "def attend_kernel
 """, """        k_src = k_desc
         v_src = v_desc
 """)]  # TMA only: descriptors built once on the host (a __grid_constant__ argument), none written per program
+_SOURCE = (Path(__file__).resolve().parents[2] / "crisp_trt/kernels/attend.py").read_text()
+_BODY = _SOURCE[_SOURCE.index("    qb = NQB - 1 - tl.program_id(0)"):_SOURCE.index("def attend(")].rstrip() + "\n"
+PERSISTENT = [(_BODY, """    s = 0  # one sequence (the probe's launch)
+    q_start, q_len, start, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NQB * BLOCK)
+    first = n - q_len
+    HK = H // G
+    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    qk_scale = sm_scale * 1.4426950408889634
+    dense = tl.load(dense_ptr + s)
+    listed = 1 - dense
+    k_src = tl.make_tensor_descriptor(k_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
+    v_src = tl.make_tensor_descriptor(v_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
+    for it in range(tl.program_id(0), NQB * H, tl.num_programs(0)):
+        item = tl.load(lse_ptr + it).to(tl.int32, bitcast=True)
+        qb = item % NQB
+        h = item // NQB
+        hk = h // G
+        q_pos = qb * BLOCK + rows
+        q_ok = (q_pos >= first) & (q_pos < n)
+        q_row = (q_start - first + q_pos).to(tl.int64) * H + h
+        q_off = q_row * D
+        q = tl.load(q_ptr + q_off[:, None] + cols[None, :], mask=q_ok[:, None], other=0.0)
+        m_i = tl.full([BLOCK], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK], tl.float32)
+        acc = tl.zeros([BLOCK, D], tl.float32)
+        row = (s * H + h) * NQB + qb
+        count = tl.load(cnt_ptr + row) * listed + qb * dense
+        for i in tl.range(0, count):
+            acc, m_i, l_i = _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, qb, k_src, v_src,
+                                          hk, qk_scale, HK, MAXK, BLOCK, D, TMA)
+        k_pos = qb * BLOCK + rows
+        kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
+        causal = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < n)
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
+                                      v_ptr + kv_off[:, None] + cols[None, :], 0, 0, k_pos < n, causal, qk_scale,
+                                      True, False)
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + q_off[:, None] + cols[None, :], out.to(o_ptr.dtype.element_ty), mask=q_ok[:, None])
+""")]  # TMA only: min(items, 2 per SM) programs walk the (row, head) items of an order table, LPT by default
 INDEX_CHUNKS = [("""        for i in tl.range(0, count):
             acc, m_i, l_i = _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, qb, k_src, v_src,
                                           hk, qk_scale, HK, MAXK, BLOCK, D, TMA)
@@ -73,7 +114,8 @@ INDEX_CHUNKS = [("""        for i in tl.range(0, count):
                                               qk_scale, False, True)
 """)]  # TMA only (the Qwen shape on sm_90)
 OPTIONS = {"warps8": {"num_warps": 8}, "stages2": {"num_stages": 2}, "stages4": {"num_stages": 4}}
-TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt", "idx16", "host_tma", *OPTIONS)
+TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt", "idx16", "host_tma", "persistent",
+         *OPTIONS)
 LAUNCHES = 3  # back-to-back launches per timed call: Triton's launcher costs host time the shipped launch does not
 
 
@@ -217,6 +259,8 @@ def main() -> None:
     ordered = variant_module("attend", "ordered", ORDERED, tmp)
     chunked = variant_module("attend", "idx16", INDEX_CHUNKS, tmp)
     host = variant_module("attend", "host_tma", HOST_TMA, tmp)
+    persistent = variant_module("attend", "persistent", PERSISTENT, tmp)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     block = cfg.block_size
     rows, saved = [], {}
     for layer, q, k, v, stats in planned(args, cfg):
@@ -242,9 +286,11 @@ def main() -> None:
             descs = (() if mod is not host else
                      tuple(TensorDescriptor.from_tensor(t.view(n, -1), block_shape=[block, d]) for t in (k, v)))
 
+            grid = (min(2 * sms, nb * heads), 1, 1) if mod is persistent else (nb, heads, 1)
+
             def launch():
                 for _ in range(LAUNCHES):
-                    mod.attend_kernel[(nb, heads, 1)](q, k, v, *descs, out, table, cu, cu, i, c, dense,
+                    mod.attend_kernel[grid](q, k, v, *descs, out, table, cu, cu, i, c, dense,
                                                       1 / math.sqrt(d), n, n, 0, heads, heads // k.shape[1], nb,
                                                       i.shape[-1], BLOCK=block, D=d, INTERPRET=False, TMA=use_tma,
                                                       **{**opts, **changes})
@@ -261,8 +307,9 @@ def main() -> None:
         for name, mod, table, changes in (("heads_inner", ordered, orders(counts, "heads_inner"), {}),
                                           ("lpt", ordered, orders(counts, "lpt"), {}), ("idx16", chunked, lse, {}),
                                           ("host_tma", host, lse, {}),
+                                          ("persistent", persistent, orders(counts, "lpt"), {}),
                                           *((name, shipped, lse, changes) for name, changes in OPTIONS.items())):
-            if name in ("idx16", "host_tma") and not use_tma:
+            if name in ("idx16", "host_tma", "persistent") and not use_tma:
                 continue
             try:
                 ms, rate, out = time_attend(mod, idx, counts, table, **changes)
