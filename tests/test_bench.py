@@ -18,6 +18,24 @@ def test_parse_len():
     assert parse_length("8k") == 8192 and parse_length("1M") == 1 << 20 and parse_length("131072") == 131072
 
 
+def test_config_inline_json_file_and_clear_errors(tmp_path):
+    """--config: an inline JSON object or a JSON file of CrispConfig fields over the default; a bad one exits with
+    a message naming --config and what it expected."""
+    import argparse
+
+    from crisp_trt.bench.cli import _config
+
+    path = tmp_path / "cfg.json"
+    path.write_text('{"rows": 16, "gamma": 0.97}')
+    for given in ('{"rows": 16, "gamma": 0.97}', str(path)):
+        assert _config(argparse.Namespace(config=given)) == CrispConfig(rows=16, gamma=0.97)
+    for given, says in (('{"gamma": 2}', "gamma"), ("{bad", "not JSON"), (str(tmp_path / "none.json"), "cannot read"),
+                        ('{"bogus": 1}', "bogus")):
+        with pytest.raises(SystemExit, match="--config") as e:
+            _config(argparse.Namespace(config=given))
+        assert says in str(e.value)
+
+
 def test_op_cli_schema_and_summary(tmp_path, capsys):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(CrispConfig(block_size=64, dense_below=0, min_budget=64).to_dict()))

@@ -20,12 +20,29 @@ def _lens(s: str):
 def _config(args):
     from ..config import CrispConfig
 
-    if args.config:
-        import json
+    if not args.config:
+        return CrispConfig()
+    import json
 
-        with open(args.config) as f:
-            return CrispConfig.from_dict(json.load(f))
-    return CrispConfig()
+    text = args.config
+    if not text.lstrip().startswith("{"):
+        try:
+            with open(text) as f:
+                text = f.read()
+        except OSError as e:
+            raise SystemExit(f"--config {args.config!r}: cannot read it ({e.strerror}); expected a JSON file or an "
+                             "inline JSON object of CrispConfig fields")
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--config: not JSON ({e}); expected an object of CrispConfig fields, e.g. "
+                         '\'{"gamma": 0.98}\'')
+    if not isinstance(fields, dict):
+        raise SystemExit(f"--config: a JSON {type(fields).__name__}; expected an object of CrispConfig fields")
+    try:
+        return CrispConfig.from_dict(fields)
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"--config: {e}")
 
 
 def _bar(total, desc):
@@ -206,7 +223,8 @@ def main(argv=None):
         s.add_argument("--model", default=None, help="real model: GGUF file, HF directory or a bundled name: smollm2, qwen (default: smollm2)")
     for s, name in ((o, "op"), (a, "accuracy"), (f, "frontier")):
         s.add_argument("--device", default=None, help="torch device, e.g. cuda or cpu (default: cuda when present)")
-        s.add_argument("--config", help="JSON CrispConfig (CrispConfig.to_dict()) as the base config")
+        s.add_argument("--config", help="CrispConfig fields over the default, as a JSON file or an inline JSON "
+                       "object, e.g. '{\"rows\": 16, \"gamma\": 0.98}' (CrispConfig.to_dict() names)")
         s.add_argument("--out", default=f"{RESULTS}/{name}",
                        help="folder of the JSON and PNG results (default: %(default)s)")
         s.add_argument("--no-plots", action="store_true", help="write the JSON only")
