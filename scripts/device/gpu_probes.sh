@@ -7,14 +7,18 @@
 #   profile_default  the default config's kernels at 8k / 32k / 128k, Qwen shape (route, select, attend, ...)
 #   profile_rows16   the same for rows16_g0.97
 # Each writes its JSON and log under $OUT/<probe>/; the last lines of each log print as it ends. The exit status
-# is the number of probes that failed.
+# is the number of probes that failed. Arguments: the probes to run (default: all), e.g. for a short window
+#   bash scripts/device/gpu_probes.sh attend_real profile_rows16        # LENGTHS=32768: the profiles at 32k only
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 LISTS=bench/results/latest/probes/attend_real/lists_32768_code_calib_reference.pt
 ROWS16=$(python3 -c 'import json; from crisp_trt import CrispConfig; print(json.dumps(CrispConfig.sampled_rows(gamma=0.97).to_dict()))')
+LENGTHS=${LENGTHS:-}
+WANTED=" ${*:-attend_real select_variants profile_default profile_rows16} "
 failed=0
 probe() {
     local name=$1; shift
+    [[ $WANTED == *" $name "* ]] || return 0
     mkdir -p "$OUT/$name"
     echo "== $name"
     if ! OUT="$OUT/$name" timeout 240 "$@" > "$OUT/$name/log.txt" 2>&1; then
@@ -26,7 +30,7 @@ probe() {
 probe attend_real python3 scripts/probes/attend_real.py --lists "$LISTS"
 probe select_variants python3 scripts/probes/select_variants.py \
     --variants base,qr16_kr64,qr8_kr128,qr4_kr64,qr4_kr128,qr2_kr256
-probe profile_default env SHAPE=qwen python3 scripts/probes/profile_plan.py 8192 32768 131072
-probe profile_rows16 env SHAPE=qwen CONFIG="$ROWS16" python3 scripts/probes/profile_plan.py 32768 131072
+probe profile_default env SHAPE=qwen python3 scripts/probes/profile_plan.py ${LENGTHS:-8192 32768 131072}
+probe profile_rows16 env SHAPE=qwen CONFIG="$ROWS16" python3 scripts/probes/profile_plan.py ${LENGTHS:-32768 131072}
 echo "gpu_probes.sh: $failed probe(s) failed"
 exit "$failed"
