@@ -256,7 +256,7 @@ def _names(seqs: int, heads: int, kv_heads: int, d: int, cfg: CrispConfig, max_s
 def grids(seqs: int, heads: int, kv_heads: int, d: int, cfg: CrispConfig, max_seqlen: int, total: int,
           total_k: int) -> dict[str, tuple[int, ...] | None]:
     """Every stage's grid for one launch, None for a stage the config does not run (the plugin's
-    crispLaunchOrder evaluates the same table); cached like workspace (a new total costs ≈ 20 µs once)."""
+    crispLaunchOrder evaluates the same table); cached like workspace (a new total costs ≈ 25 µs of host time once)."""
     value = contract.evaluator({**_names(seqs, heads, kv_heads, d, cfg, max_seqlen), "total": total,
                                 "total_k": total_k})
     return {stage: _grid(stage, value) for stage in GRIDS}
