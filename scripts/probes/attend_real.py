@@ -63,44 +63,29 @@ HOST_TMA = [("def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr,", "def attend_kernel
 """)]  # TMA only: descriptors built once on the host (a __grid_constant__ argument), none written per program
 _SOURCE = (Path(__file__).resolve().parents[2] / "crisp_trt/kernels/attend.py").read_text()
 _BODY = _SOURCE[_SOURCE.index("    qb = NQB - 1 - tl.program_id(0)"):_SOURCE.index("def attend(")].rstrip() + "\n"
-PERSISTENT = [(_BODY, """    s = 0  # one sequence (the probe's launch)
-    q_start, q_len, start, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NQB * BLOCK)
-    first = n - q_len
-    HK = H // G
-    rows = tl.arange(0, BLOCK)
-    cols = tl.arange(0, D)
-    qk_scale = sm_scale * 1.4426950408889634
-    dense = tl.load(dense_ptr + s)
-    listed = 1 - dense
-    k_src = tl.make_tensor_descriptor(k_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
-    v_src = tl.make_tensor_descriptor(v_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
-    for it in range(tl.program_id(0), NQB * H, tl.num_programs(0)):
-        item = tl.load(lse_ptr + it).to(tl.int32, bitcast=True)
-        qb = item % NQB
-        h = item // NQB
-        hk = h // G
-        q_pos = qb * BLOCK + rows
-        q_ok = (q_pos >= first) & (q_pos < n)
-        q_row = (q_start - first + q_pos).to(tl.int64) * H + h
-        q_off = q_row * D
-        q = tl.load(q_ptr + q_off[:, None] + cols[None, :], mask=q_ok[:, None], other=0.0)
-        m_i = tl.full([BLOCK], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK], tl.float32)
-        acc = tl.zeros([BLOCK, D], tl.float32)
-        row = (s * H + h) * NQB + qb
-        count = tl.load(cnt_ptr + row) * listed + qb * dense
-        for i in tl.range(0, count):
-            acc, m_i, l_i = _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, qb, k_src, v_src,
-                                          hk, qk_scale, HK, MAXK, BLOCK, D, TMA)
-        k_pos = qb * BLOCK + rows
-        kv_off = ((start + k_pos).to(tl.int64) * HK + hk) * D
-        causal = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < n)
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
-                                      v_ptr + kv_off[:, None] + cols[None, :], 0, 0, k_pos < n, causal, qk_scale,
-                                      True, False)
-        out = acc / l_i[:, None]
-        tl.store(o_ptr + q_off[:, None] + cols[None, :], out.to(o_ptr.dtype.element_ty), mask=q_ok[:, None])
-""")]  # TMA only: min(items, 2 per SM) programs walk the (row, head) items of an order table, LPT by default
+_ITEM = _BODY.split("        return\n", 1)[1]  # one row's work, after the early exit (the probe's items are all in range)
+_DESCRIPTORS = _ITEM[_ITEM.index("    if TMA:\n        k_src"):_ITEM.index("    if INTERPRET:")]
+_LOOP = _ITEM[_ITEM.index("    if INTERPRET:"):_ITEM.index("    k_pos = qb * BLOCK + rows")]
+_PIPELINED = _LOOP[_LOOP.index("        for i in tl.range"):]
+
+
+def _persistent_body() -> str:
+    """The shipped kernel's per-row work (_ITEM), less its descriptors and interpreter loop, inside a loop over an
+    order table's items; the descriptors made once before it."""
+    item = _ITEM.replace(_DESCRIPTORS, "").replace(_LOOP, _PIPELINED[4:].replace("\n        ", "\n    "))
+    return ("    s = 0  # one sequence (the probe's launch)\n"
+            "    q_start, q_len, start, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NQB * BLOCK)\n"
+            "    first = n - q_len\n"
+            "    HK = H // G\n"
+            + _DESCRIPTORS.replace("    if TMA:\n", "").split("    else:")[0].replace("\n        ", "\n    ")[4:]
+            + "    for it in range(tl.program_id(0), NQB * H, tl.num_programs(0)):\n"
+            "        item = tl.load(lse_ptr + it).to(tl.int32, bitcast=True)\n"
+            "        qb = item % NQB\n"
+            "        h = item // NQB\n"
+            + "".join("    " + line if line.strip() else line for line in item.splitlines(keepends=True)))
+
+
+PERSISTENT = [(_BODY, _persistent_body())]  # TMA only: min(items, 2 per SM) programs walk an order table's items
 INDEX_CHUNKS = [("""        for i in tl.range(0, count):
             acc, m_i, l_i = _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, qb, k_src, v_src,
                                           hk, qk_scale, HK, MAXK, BLOCK, D, TMA)
