@@ -433,7 +433,7 @@ inline std::array<CrispLaunch, kCRISP_NB_LAUNCHES> crispLaunchOrder(CrispParams 
         {"spike", {z.nb, H, S}, (p.spike > 0)},
         {"rows", {crispMin(kCRISP_RS, ((crispCdiv((z.nb * p.rows), kCRISP_RM) * H) * S)), 1, 1}, (p.rows > 0)},
         {"select", {((p.rows > 0) ? crispCdiv(z.nb, kCRISP_QR) : crispCdiv(z.nb, kCRISP_QG)), H, S}, true},
-        {"attend", {z.nb, H, S}, true},
+        {"attend", {H, z.nb, S}, true},
         {"poison_scan", {(crispCdiv(crispMax(((total * H) * D), 1), kCRISP_ELEMS) + (2 * crispCdiv(crispMax(((totalK * HK) * D), 1), kCRISP_ELEMS))), 1, 1}, true},
         {"poison_apply", {crispCdiv(crispMax(((total * H) * D), 1), kCRISP_ELEMS), 1, 1}, true},
     }};

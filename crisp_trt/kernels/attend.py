@@ -1,6 +1,6 @@
 """attend: causal block-sparse flash attention over per-(seq, head, q-block) key-block lists.
 
-One program per (query block, head, sequence). It walks the off-diagonal key blocks listed in
+One program per (head, query block, sequence), heads fastest. It walks the off-diagonal key blocks listed in
 idx[s, h, qb, :counts[s, h, qb]] (or, for a sequence flagged dense, every block kb < qb), then the
 diagonal block with the causal mask, with an fp32 online softmax (exp2). GQA reads kv head h // G
 directly (K/V are never repeated); varlen via cu_seqlens (programs past a sequence's end exit). Chunks: a
@@ -81,8 +81,8 @@ def _listed_block(acc, m_i, l_i, q, i, idx_ptr, row, listed, dense, start, qb, k
 def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_ptr, cu_k_ptr, idx_ptr, cnt_ptr, dense_ptr, sm_scale,
                   total, total_k, write_lse, H, G, NQB, MAXK, BLOCK: tl.constexpr, D: tl.constexpr,
                   INTERPRET: tl.constexpr, TMA: tl.constexpr):
-    qb = NQB - 1 - tl.program_id(0)  # the longest key lists first: a shorter tail on the last wave
-    h = tl.program_id(1)
+    h = tl.program_id(0)  # a query block's heads together: GQA groups share K / V reads in L2
+    qb = NQB - 1 - tl.program_id(1)  # the longest key lists first, over every head: a shorter tail on the last wave
     s = tl.program_id(2)
     q_start, q_len, start, n = chunk_bounds(cu_ptr, cu_k_ptr, s, total, total_k, NQB * BLOCK)
     first = n - q_len  # the chunk's first position
@@ -141,7 +141,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     prompts); idx [S, H, NQB, MAXK] int32 (off-diagonal key blocks of absolute query blocks), counts [S, H, NQB]
     int32, dense [S] int32 (1: every causal block); lse: f32 [total_q, H] to write the LSE into, or None;
     descriptors: the workspace's bytes for the TMA descriptors (allocated here when None and launch.tma holds).
-    Grid (NQB, H, S)."""
+    Grid (H, NQB, S)."""
     total, heads, d = q.shape
     seqs, _, nqb, maxk = idx.shape
     out = torch.empty_like(q) if out is None else out

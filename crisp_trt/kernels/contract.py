@@ -163,7 +163,7 @@ LAUNCHES = (
     ("spike", ("nb", "H", "S"), "spike > 0"),
     ("rows", ("min(RS, cdiv(nb * rows, RM) * H * S)", "1", "1"), "rows > 0"),  # persistent over the tiles
     ("select", ("cdiv(nb, QR) if rows > 0 else cdiv(nb, QG)", "H", "S"), "True"),
-    ("attend", ("nb", "H", "S"), "True"),
+    ("attend", ("H", "nb", "S"), "True"),
     ("poison_scan", ("cdiv(max(total * H * D, 1), ELEMS) + 2 * cdiv(max(total_k * HK * D, 1), ELEMS)", "1", "1"),
      "True"),
     ("poison_apply", ("cdiv(max(total * H * D, 1), ELEMS)", "1", "1"), "True"),

@@ -14,7 +14,8 @@ ones and change another:
               contiguous): what the spread of counts over heads and rows costs
   diagonal    no listed block (the diagonal alone): the per-(row, head) overhead
 and the real lists in other program orders (an order table in place of the unused LSE pointer) or kernels:
-  heads_inner  query blocks latest first, the heads of a row together (GQA groups share K / V reads)
+  heads_outer  a head's query blocks latest first, one head after another (attend's grid before session 27; the
+               shipped grid has a row's heads together, latest rows first)
   lpt          (row, head) items by their counts, largest first
   host_tma     K / V descriptors built on the host and passed by value (shipped: each program writes two into
                the workspace and fences before its first copy); TMA only
@@ -49,12 +50,13 @@ from crisp_trt.kernels.pipeline import Stages, lists_from_masks, masks_from_plan
 from crisp_trt.lengths import parse_length
 from variants import variant_module
 
-ORDERED = [("    qb = NQB - 1 - tl.program_id(0)  # the longest key lists first: a shorter tail on the last wave\n"
-            "    h = tl.program_id(1)\n",
-            "    item = tl.load(lse_ptr + tl.program_id(1) * NQB + tl.program_id(0))"
+ORDERED = [("    h = tl.program_id(0)  # a query block's heads together: GQA groups share K / V reads in L2\n"
+            "    qb = NQB - 1 - tl.program_id(1)  # the longest key lists first, over every head: a shorter tail on "
+            "the last wave\n",
+            "    item = tl.load(lse_ptr + tl.program_id(1) * H + tl.program_id(0))"
             ".to(tl.int32, bitcast=True)\n"
             "    qb = item % NQB\n"
-            "    h = item // NQB\n")]
+            "    h = item // NQB\n")]  # the launch's linear order (x fastest) reads an order table of items
 HOST_TMA = [("def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr,", "def attend_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr,"),
             ("""        k_src = tl.make_tensor_descriptor(k_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
         v_src = tl.make_tensor_descriptor(v_ptr, shape=[total_k, HK * D], strides=[HK * D, 1], block_shape=[BLOCK, D])
@@ -62,7 +64,7 @@ HOST_TMA = [("def attend_kernel(q_ptr, k_ptr, v_ptr, o_ptr,", "def attend_kernel
         v_src = v_desc
 """)]  # TMA only: descriptors built once on the host (a __grid_constant__ argument), none written per program
 _SOURCE = (Path(__file__).resolve().parents[2] / "crisp_trt/kernels/attend.py").read_text()
-_BODY = _SOURCE[_SOURCE.index("    qb = NQB - 1 - tl.program_id(0)"):_SOURCE.index("def attend(")].rstrip() + "\n"
+_BODY = _SOURCE[_SOURCE.index("    h = tl.program_id(0)"):_SOURCE.index("def attend(")].rstrip() + "\n"
 _ITEM = _BODY.split("        return\n", 1)[1]  # one row's work, after the early exit (the probe's items are all in range)
 _DESCRIPTORS = _ITEM[_ITEM.index("    if TMA:\n        k_src"):_ITEM.index("    if INTERPRET:")]
 _LOOP = _ITEM[_ITEM.index("    if INTERPRET:"):_ITEM.index("    k_pos = qb * BLOCK + rows")]
@@ -99,7 +101,7 @@ INDEX_CHUNKS = [("""        for i in tl.range(0, count):
                                               qk_scale, False, True)
 """)]  # TMA only (the Qwen shape on sm_90)
 OPTIONS = {"warps8": {"num_warps": 8}, "stages2": {"num_stages": 2}, "stages4": {"num_stages": 4}}
-TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_inner", "lpt", "idx16", "host_tma", "persistent",
+TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_outer", "lpt", "idx16", "host_tma", "persistent",
          *OPTIONS)
 LAUNCHES = 3  # back-to-back launches per timed call: Triton's launcher costs host time the shipped launch does not
 
@@ -138,8 +140,8 @@ def orders(counts, how: str):
     _, heads, nb = counts.shape
     qb = torch.arange(nb, device=counts.device)
     h = torch.arange(heads, device=counts.device)
-    if how == "heads_inner":
-        item = (h[None, :] * nb + qb.flip(0)[:, None]).reshape(-1)
+    if how == "heads_outer":
+        item = (h[:, None] * nb + qb.flip(0)[None, :]).reshape(-1)
     else:  # lpt
         flat = counts[0].reshape(-1).to(torch.int64)
         item = torch.argsort(-flat, stable=True)
@@ -218,6 +220,7 @@ def cpu_lists(args, cfg: CrispConfig) -> Path:
 def main() -> None:
     from crisp_trt.kernels import attend as shipped
     from crisp_trt.kernels.launch import arch_of, options, tma
+    from crisp_trt.kernels.launch import grid as launch_grid
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,7 +274,7 @@ def main() -> None:
             descs = (() if mod is not host else
                      tuple(TensorDescriptor.from_tensor(t.view(n, -1), block_shape=[block, d]) for t in (k, v)))
 
-            grid = (min(2 * sms, nb * heads), 1, 1) if mod is persistent else (nb, heads, 1)
+            grid = (min(2 * sms, nb * heads), 1, 1) if mod is persistent else launch_grid("attend", nb=nb, H=heads, S=1)
 
             def launch():
                 for _ in range(LAUNCHES):
@@ -289,7 +292,7 @@ def main() -> None:
             row[f"{name}_ms"], row[f"{name}_rate"] = ms, rate
             if name == "real":
                 row["real_max_diff"] = float((out.float() - ref).abs().max())  # the shipped launch vs the op
-        for name, mod, table, changes in (("heads_inner", ordered, orders(counts, "heads_inner"), {}),
+        for name, mod, table, changes in (("heads_outer", ordered, orders(counts, "heads_outer"), {}),
                                           ("lpt", ordered, orders(counts, "lpt"), {}), ("idx16", chunked, lse, {}),
                                           ("host_tma", host, lse, {}),
                                           ("persistent", persistent, orders(counts, "lpt"), {}),
