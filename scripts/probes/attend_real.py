@@ -20,6 +20,8 @@ and the real lists in other program orders (an order table in place of the unuse
   host_tma     K / V descriptors built on the host and passed by value (shipped: each program writes two into
                the workspace and fences before its first copy); TMA only
   persistent   2 programs an SM walk the (row, head) items in LPT order, descriptors made once a program; TMA only
+  diag_tma     the masked diagonal block's K / V through the descriptors too (shipped: pointer loads, which the
+               loop's pipeline does not prefetch); TMA only
   idx16        the list read 16 entries at a time into registers (the shipped loop loads block i + 1's index one
                block ahead and waits on it before issuing that block's K / V copies); TMA only
 and the shipped kernel under other launch options (launch.options: 4 warps, 3 stages at d 64):
@@ -100,8 +102,33 @@ INDEX_CHUNKS = [("""        for i in tl.range(0, count):
                 acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_src, v_src, start + kb * BLOCK, hk * D, None, None,
                                               qk_scale, False, True)
 """)]  # TMA only (the Qwen shape on sm_90)
+DIAG_TMA = [("""    if MASKED:
+        k = tl.load(k_src, mask=key_ok[:, None], other=0.0)
+        s = tl.where(causal_ok, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        v = tl.load(v_src, mask=key_ok[:, None], other=0.0)
+""", """    if MASKED:  # with TMA: rows past total_k read as 0, keys past the sequence are masked by causal_ok
+        if TMA:
+            k = k_src.load([at_row, at_col])
+        else:
+            k = tl.load(k_src, mask=key_ok[:, None], other=0.0)
+        s = tl.where(causal_ok, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        if TMA:
+            v = v_src.load([at_row, at_col])
+        else:
+            v = tl.load(v_src, mask=key_ok[:, None], other=0.0)
+"""), ("""    acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
+                                  v_ptr + kv_off[:, None] + cols[None, :], 0, 0, k_pos < n, causal, qk_scale, True,
+                                  False)
+""", """    acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_src, v_src, start + qb * BLOCK, hk * D, k_pos < n, causal,
+                                  qk_scale, True, True)
+""")]  # TMA only: the diagonal's K / V through the descriptors too (the shipped kernel loads them by pointers)
 OPTIONS = {"warps8": {"num_warps": 8}, "stages2": {"num_stages": 2}, "stages4": {"num_stages": 4}}
 TIMED = ("real", "contiguous", "uniform", "diagonal", "heads_outer", "lpt", "idx16", "host_tma", "persistent",
+         "diag_tma",
          *OPTIONS)
 LAUNCHES = 3  # back-to-back launches per timed call: Triton's launcher costs host time the shipped launch does not
 
@@ -248,6 +275,7 @@ def main() -> None:
     chunked = variant_module("attend", "idx16", INDEX_CHUNKS, tmp)
     host = variant_module("attend", "host_tma", HOST_TMA, tmp)
     persistent = variant_module("attend", "persistent", PERSISTENT, tmp)
+    diag = variant_module("attend", "diag_tma", DIAG_TMA, tmp)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     block = cfg.block_size
     rows, saved = [], {}
@@ -296,8 +324,9 @@ def main() -> None:
                                           ("lpt", ordered, orders(counts, "lpt"), {}), ("idx16", chunked, lse, {}),
                                           ("host_tma", host, lse, {}),
                                           ("persistent", persistent, orders(counts, "lpt"), {}),
+                                          ("diag_tma", diag, lse, {}),
                                           *((name, shipped, lse, changes) for name, changes in OPTIONS.items())):
-            if name in ("idx16", "host_tma", "persistent") and not use_tma:
+            if name in ("idx16", "host_tma", "persistent", "diag_tma") and not use_tma:
                 continue
             try:
                 ms, rate, out = time_attend(mod, idx, counts, table, **changes)
