@@ -55,7 +55,8 @@ class CrispConfig:
                    pooled-q · pooled-k softmax; 0: pooled. On real Qwen attention, keeping blocks until 0.98 of the
                    16 rows' mass, they select within 2.1× of a block oracle's per-layer error at its density at 8k
                    (pooled rows: ≈ 13×) and 2.1–2.5× its KL at 32k (bench/NOTES.md, session 22). Off by default:
-                   its kernel is not yet timed fast.
+                   the defaults tune has not picked it (at 128k the 16k row cap costs its KL), and without the
+                   spike stage it loses SmolLM2's far-needle retrievals (bench/NOTES.md, sessions 25 and 27).
     """
 
     block_size: int = 128
