@@ -14,7 +14,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 LISTS=bench/results/latest/probes/attend_real/lists_32768_code_calib_reference.pt
 ROWS16=$(python3 -c 'import json; from crisp_trt import CrispConfig; print(json.dumps(CrispConfig.sampled_rows(gamma=0.97).to_dict()))')
 LENGTHS=${LENGTHS:-}
-WANTED=" ${*:-attend_real select_variants profile_default profile_rows16} "
+PROBES="attend_real select_variants profile_default profile_rows16"
+for name in "$@"; do
+    [[ " $PROBES " == *" $name "* ]] || { echo "gpu_probes.sh: unknown probe '$name'; expected some of: $PROBES" >&2; exit 64; }
+done
+WANTED=" ${*:-$PROBES} "
 failed=0
 probe() {
     local name=$1; shift

@@ -108,18 +108,12 @@ DIAG_TMA = [("""    if MASKED:
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         v = tl.load(v_src, mask=key_ok[:, None], other=0.0)
-""", """    if MASKED:  # with TMA: rows past total_k read as 0, keys past the sequence are masked by causal_ok
-        if TMA:
-            k = k_src.load([at_row, at_col])
-        else:
-            k = tl.load(k_src, mask=key_ok[:, None], other=0.0)
+""", """    if MASKED:  # descriptors: rows past total_k read as 0, keys past the sequence are masked by causal_ok
+        k = k_src.load([at_row, at_col])
         s = tl.where(causal_ok, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
-        if TMA:
-            v = v_src.load([at_row, at_col])
-        else:
-            v = tl.load(v_src, mask=key_ok[:, None], other=0.0)
+        v = v_src.load([at_row, at_col])
 """), ("""    acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr + kv_off[:, None] + cols[None, :],
                                   v_ptr + kv_off[:, None] + cols[None, :], 0, 0, k_pos < n, causal, qk_scale, True,
                                   False)
@@ -140,12 +134,19 @@ def transformed(idx, counts, how: str):
     if how == "diagonal":
         return idx, torch.zeros_like(counts)
     if how == "uniform":
-        share = float(counts.sum()) / float(heads * qb.sum().clamp_min(1))
-        counts = torch.minimum((share * qb).round().int(), torch.tensor(maxk, device=idx.device))
-        counts = counts.expand(1, heads, nb).contiguous()
+        counts = uniform_counts(counts, maxk)
     t = torch.arange(maxk, device=idx.device)
     latest = (qb[:, None] - 1 - t[None, :]).clamp_min(0).int()  # qb − 1, qb − 2, ...
     return latest.expand(1, heads, nb, maxk).contiguous(), counts
+
+
+def uniform_counts(counts, maxk: int):
+    """counts [1, H, NB] → the same total spread so that every (head, row) gets the same share of its causal
+    blocks (at most maxk)."""
+    _, heads, nb = counts.shape
+    qb = torch.arange(nb, device=counts.device)
+    share = float(counts.sum()) / float(heads * qb.sum().clamp_min(1))
+    return torch.minimum((share * qb).round().int(), torch.tensor(maxk)).expand(1, heads, nb).contiguous()
 
 
 def pack(mask):
@@ -163,12 +164,15 @@ def unpack(bits, nb: int):
 
 
 def orders(counts, how: str):
-    """int32 [H · NB] items h · NB + qb in launch order, viewed as f32 (the ordered variant's table)."""
+    """int32 [H · NB] items h · NB + qb in launch order, viewed as f32 (the ordered variant's table): heads_outer,
+    heads_inner (the shipped grid's order) or lpt."""
     _, heads, nb = counts.shape
     qb = torch.arange(nb, device=counts.device)
     h = torch.arange(heads, device=counts.device)
     if how == "heads_outer":
         item = (h[:, None] * nb + qb.flip(0)[None, :]).reshape(-1)
+    elif how == "heads_inner":
+        item = (h[None, :] * nb + qb.flip(0)[:, None]).reshape(-1)
     else:  # lpt
         flat = counts[0].reshape(-1).to(torch.int64)
         item = torch.argsort(-flat, stable=True)

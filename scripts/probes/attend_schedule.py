@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from attend_real import unpack
+from attend_real import orders, uniform_counts, unpack
 
-LISTS = "bench/results/latest/probes/attend_real/lists_32768_code_calib_reference.pt"
+LISTS = Path(__file__).resolve().parents[2] / "bench/results/latest/probes/attend_real/lists_32768_code_calib_reference.pt"
 
 
 def makespan(costs, slots: int) -> float:
@@ -35,15 +35,15 @@ def makespan(costs, slots: int) -> float:
 
 
 def efficiencies(counts: torch.Tensor, slots: int, overhead: float) -> dict:
-    """counts [H, NB] of one layer → {order: efficiency} (see the module doc)."""
-    heads, nb = counts.shape
-    latest = torch.arange(nb - 1, -1, -1)
-    causal = heads * nb * (nb - 1) / 2
-    uniform = (float(counts.sum()) / causal * latest.float())[:, None].expand(nb, heads)
-    orders = {"heads_outer": counts[:, latest].reshape(-1), "heads_inner": counts[:, latest].T.reshape(-1),
-              "lpt": counts.reshape(-1).sort(descending=True).values, "uniform": uniform.reshape(-1)}
+    """counts [H, NB] of one layer → {order: efficiency} (see the module doc); the orders and the uniform lists are
+    attend_real's."""
+    counts = counts[None].int()
+    runs = {how: counts.reshape(-1)[orders(counts, how).view(torch.int32).long()]
+            for how in ("heads_outer", "heads_inner", "lpt")}
+    uniform = uniform_counts(counts, counts.shape[-1])
+    runs["uniform"] = uniform.reshape(-1)[orders(uniform, "heads_inner").view(torch.int32).long()]
     out = {}
-    for name, order in orders.items():
+    for name, order in runs.items():
         costs = (order.double() + overhead).tolist()
         out[name] = sum(costs) / (slots * makespan(costs, slots))
     return out
@@ -57,6 +57,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.slots < 1 or args.overhead < 0:
         raise SystemExit(f"--slots {args.slots} / --overhead {args.overhead}: expected ≥ 1 / ≥ 0")
+    if not Path(args.lists).is_file():
+        raise SystemExit(f"--lists {args.lists}: no such file; expected a lists_<n>.pt that attend_real.py saved")
     saved = torch.load(args.lists)
     nb = -(-saved["n"] // saved["config"]["block_size"])
     rows, work, total = [], {}, 0.0
@@ -71,7 +73,7 @@ def main() -> None:
                      **eff})
     summed = {name: total / t for name, t in work.items()}
     out = Path(os.environ.get("OUT", "/tmp")) / "attend_schedule.json"
-    out.write_text(json.dumps({"lists": args.lists, "slots": args.slots, "overhead": args.overhead, "rows": rows,
+    out.write_text(json.dumps({"lists": str(args.lists), "slots": args.slots, "overhead": args.overhead, "rows": rows,
                                "summed": summed}, indent=1))
     names = list(summed)
     print(f"efficiency of each launch order ({args.slots} slots, overhead {args.overhead} blocks a program; {out})")
