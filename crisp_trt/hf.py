@@ -24,7 +24,8 @@ for a list of configs, one dict per layer: a crisp-build artifact's calibrated k
 `model.config.crisp_config`, so it also survives `save_pretrained`; each attention module reads it from
 `module.config.crisp_config` (attention modules keep a reference to the model config) and, for a list,
 takes entry `module.layer_idx`. Without one, `CrispConfig()` defaults are used. `crisp_config_of(model,
-layer)` reads it back. Per-call counters (`CALLS["crisp"]`, `CALLS["dense"]`) let tests and benchmarks
+layer)` reads it back. `set_crisp_config(..., cuda_graphs=True)` (model.config.crisp_cuda_graphs) sends CUDA
+prefills through crisp_trt.graphs (a graph per shape: no per-call host work). Per-call counters (`CALLS["crisp"]`, `CALLS["dense"]`) let tests and benchmarks
 see which path ran. This is the only place that registers CRISP with transformers (crisp_trt.runtime
 uses it too).
 """
@@ -37,6 +38,7 @@ import torch
 
 from .api import bottom_right_causal, crisp_prefill_attention
 from .config import CrispConfig
+from .graphs import graphed_prefill_attention
 
 NAME = "crisp"
 CALLS: Counter = Counter()
@@ -61,19 +63,21 @@ def _as_dict(cfg: CrispConfig | dict) -> dict:
     return (cfg if isinstance(cfg, CrispConfig) else CrispConfig.from_dict(cfg)).to_dict()
 
 
-def set_crisp_config(model, cfg: CrispConfig | dict | list | None) -> None:
+def set_crisp_config(model, cfg: CrispConfig | dict | list | None, cuda_graphs: bool = False) -> None:
     """Attach a CrispConfig (or one per layer) to a model as dicts in model.config.crisp_config;
-    None → defaults."""
+    None → defaults. cuda_graphs: CUDA prefills replay a graph per shape (crisp_trt.graphs)."""
+    if not isinstance(cuda_graphs, bool):
+        raise ValueError(f"cuda_graphs={cuda_graphs!r}: expected True or False")
     if cfg is None:
         raw = None
     elif isinstance(cfg, (list, tuple)):
         raw = [_as_dict(c) for c in cfg]
     else:
         raw = _as_dict(cfg)
-    model.config.crisp_config = raw
-    for sub in ("text_config",):  # multimodal wrappers keep the LM config separately
-        if hasattr(model.config, sub):
-            setattr(getattr(model.config, sub), "crisp_config", raw)
+    configs = [model.config] + [getattr(model.config, sub) for sub in ("text_config",)  # multimodal wrappers
+                                if hasattr(model.config, sub)]  # keep the LM config separately
+    for c in configs:
+        c.crisp_config, c.crisp_cuda_graphs = raw, cuda_graphs
 
 
 def crisp_config_of(model, layer: int = 0) -> CrispConfig:
@@ -108,7 +112,8 @@ def crisp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     CALLS["crisp"] += 1
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, n, H, d]
-    out = crisp_prefill_attention(q, k, v, config=cfg)
+    graphs = getattr(getattr(module, "config", None), "crisp_cuda_graphs", False)
+    out = (graphed_prefill_attention if graphs else crisp_prefill_attention)(q, k, v, config=cfg)
     return out, None
 
 

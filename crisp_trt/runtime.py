@@ -27,6 +27,7 @@ from . import tp as tensor_parallel
 from .config import CrispConfig
 
 FORMAT = 1  # the artifact format this runtime reads; builder/artifact.py writes it into config.json["crisp"]
+MODES = {"crisp": "crisp", "crisp_graphs": "crisp", "dense": "sdpa", "eager": "eager"}  # → attn_implementation
 
 
 @dataclass
@@ -43,21 +44,25 @@ class Generation:
 
 
 class CrispModel:
-    """An HF causal LM with CRISP prefill (attention="crisp"), dense SDPA (attention="dense") or dense through
-    HF's eager kernels (attention="eager": the same maths as SDPA with other rounding, the benches' control)."""
+    """An HF causal LM with CRISP prefill (attention="crisp", or "crisp_graphs": replayed from a CUDA graph per
+    shape, crisp_trt.graphs), dense SDPA (attention="dense") or dense through HF's eager kernels
+    (attention="eager": the same maths as SDPA with other rounding, the benches' control)."""
 
     def __init__(self, model, tokenizer, crisp: dict, attention: str = "crisp"):
-        from .hf import set_crisp_config
-
         self.model, self.tokenizer, self.crisp = model, tokenizer, crisp
         self.layer_configs = layer_configs(crisp)
-        set_crisp_config(model, self.layer_configs)
         self.set_attention(attention)
 
     def set_attention(self, attention: str) -> None:
+        from .hf import set_crisp_config
         from .models import set_attn_implementation
 
-        set_attn_implementation(self.model, _implementation(attention))
+        implementation = _implementation(attention)
+        if attention == "crisp_graphs" and self.device.type != "cuda":
+            raise ValueError(f"attention='crisp_graphs': needs a CUDA model (this one is on {self.device}); "
+                             "use 'crisp'")
+        set_attn_implementation(self.model, implementation)
+        set_crisp_config(self.model, self.layer_configs, cuda_graphs=attention == "crisp_graphs")
         self.attention = attention
 
     @property
@@ -105,9 +110,9 @@ class CrispModel:
 
 def _implementation(attention: str) -> str:
     """transformers' attention implementation behind a CrispModel attention mode; ValueError naming `attention`."""
-    implementation = {"crisp": "crisp", "dense": "sdpa", "eager": "eager"}.get(attention)
+    implementation = MODES.get(attention)
     if implementation is None:
-        raise ValueError(f"attention={attention!r}: expected 'crisp', 'dense' or 'eager'")
+        raise ValueError(f"attention={attention!r}: expected one of {', '.join(map(repr, MODES))}")
     return implementation
 
 
@@ -232,7 +237,7 @@ def generate_tp_modes(artifact_dir, prompts: list, attentions, tp: int = 1,
     generations}. The artifact is checked here, once; the ranks get what they need."""
     attentions = tuple(attentions)
     if not attentions:
-        raise ValueError("attentions=(): expected at least one of 'crisp', 'dense', 'eager'")
+        raise ValueError(f"attentions=(): expected at least one of {', '.join(map(repr, MODES))}")
     for attention in attentions:
         _implementation(attention)  # a bad mode fails here, before any process starts
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -259,7 +264,10 @@ def main(argv=None) -> int:
     p.add_argument("artifact", metavar="DIR", help="directory written by crisp-build --backend torch")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--attention", choices=("crisp", "dense"), default="crisp")
+    p.add_argument("--attention", choices=("crisp", "crisp_graphs", "dense"), default="crisp",
+                   help="prefill attention: crisp; crisp_graphs (the same, each prompt length's attention captured "
+                        "once in a CUDA graph and replayed: no per-layer host work; CUDA only, pays off for "
+                        "repeated lengths); dense (SDPA)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     p.add_argument("--tp", type=int, default=1, metavar="N",

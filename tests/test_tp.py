@@ -179,7 +179,7 @@ def test_modes_load_once_and_match_generate_tp(tiny, monkeypatch):
     for attention, single in singles.items():
         assert modes[attention][0].token_ids == single.token_ids
         assert torch.equal(modes[attention][0].logits, single.logits)
-    with pytest.raises(ValueError, match=r"attention='sparse': expected 'crisp', 'dense' or 'eager'"):
+    with pytest.raises(ValueError, match=r"attention='sparse': expected one of 'crisp', 'crisp_graphs', 'dense', 'eager'"):
         runtime.generate_tp_modes(tiny, [prompt], ("crisp", "sparse"))
     assert len(loads) == 1
 

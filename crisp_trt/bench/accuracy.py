@@ -116,19 +116,27 @@ def make_trial(tok, n: int, depth: float, seed: int, filler_ids: torch.Tensor, p
     return torch.tensor([ids]), len(answer)
 
 
+GRAPHS = "_graphs"  # a CRISP method's name + this: the same config, CUDA prefills replayed from graphs
+
+
 def use_method(model, method: str, base: CrispConfig, configs: dict | None = None):
     """Switch a loaded model to a method: dense (SDPA), dense_eager, a config.METHODS name built on `base`, or
-    a name in `configs` (an explicit CrispConfig). The benches' one way to change attention between runs."""
+    a name in `configs` (an explicit CrispConfig); either of the last two + GRAPHS runs it through
+    crisp_trt.graphs. The benches' one way to change attention between runs."""
     from ..hf import set_crisp_config
     from ..models import set_attn_implementation
 
+    graphs = method.endswith(GRAPHS)
+    name = method.removesuffix(GRAPHS)
+    if name in ("dense", "dense_eager") and graphs:
+        raise ValueError(f"method={method!r}: the {GRAPHS} suffix applies to CRISP methods, not {name}")
     if method == "dense":
         set_attn_implementation(model, "sdpa")
     elif method == "dense_eager":
         set_attn_implementation(model, "eager")
     else:
         set_attn_implementation(model, "crisp")
-        set_crisp_config(model, (configs or {}).get(method) or method_config(method, base))
+        set_crisp_config(model, (configs or {}).get(name) or method_config(name, base), cuda_graphs=graphs)
 
 
 def use_rope(model, rope, n: int) -> None:

@@ -149,11 +149,13 @@ def step_tune(args):
 
 
 def step_e2e(args):
+    from crisp_trt.bench.accuracy import GRAPHS
     from crisp_trt.bench.e2e import run_ttft
 
     mdl, tok = model(args)
     configs = picked(args.extra)
     methods = ("dense", "crisp", *configs, "flexprefill")
+    methods += tuple(m + GRAPHS for m in ("crisp", *configs)) if args.graphs else ()
     rows = run_ttft(mdl, tok, args.lengths, methods, configs, rope=rope_for(mdl), repeats=args.repeats)
     save("e2e", {"rows": rows, "configs": {k: c.to_dict() for k, c in configs.items()}})
     for r in rows:
@@ -299,6 +301,8 @@ def main(argv=None):
     p.add_argument("--extra", choices=tuple(CANDIDATES), action="append", default=None,
                    help="op, e2e, acc: one more CRISP config to measure (repeat it for several)")
     p.add_argument("--tasks", default="passkey,multikey", help="acc: tasks, comma-separated")
+    p.add_argument("--graphs", action="store_true",
+                   help="e2e: every CRISP method also replayed from CUDA graphs (crisp_trt.graphs), as <name>_graphs")
     p.add_argument("--budget-s", type=float, default=520.0, help="acc: start no (length, task) after this")
     p.add_argument("--tag", default="main", help="acc: JSON name suffix")
     args = p.parse_args(argv)
