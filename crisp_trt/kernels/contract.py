@@ -25,7 +25,7 @@ CONSTANTS = {
     "TENSOR_ALIGN": 16,        # bytes: the cubins assume 16-byte aligned pointers (Triton's JIT specialisation)
     "QG": 16,                  # query blocks per select program (tl.dot needs 16 rows)
     "KC": 64,                  # key blocks per select tile and per chunk of rows' shares
-    "QR": 4,                   # query blocks per select program in rows mode (no tl.dot there: more, shorter programs)
+    "QR": 2,                   # query blocks per select program in rows mode (no tl.dot there: more, shorter programs)
     "KR": 256,                 # key blocks per select tile in rows mode
     "RM": 128,                 # sampled rows per rows tile (RM / rows query blocks): one tensor-core tile
     "RS": 528,                 # rows programs at most (persistent, one [nb, RM] f32 slot each): 4 per H100 / H200 SM

@@ -38,7 +38,7 @@ for name in ${*:-$PROBES}; do
     case $name in
         attend_real) probe attend_real python3 scripts/probes/attend_real.py --lists "$LISTS" ;;
         select_variants) probe select_variants python3 scripts/probes/select_variants.py \
-            --variants base,qr16_kr64,qr8_kr128,qr4_kr64,qr4_kr128,qr2_kr256 ;;
+            --variants base,qr16_kr64,qr4_kr256,qr2_kr128,qr1_kr256 ;;
         profile_default) probe profile_default env SHAPE=qwen python3 scripts/probes/profile_plan.py \
             ${LENGTHS:-8192 32768 131072} ;;
         profile_rows16) probe profile_rows16 env SHAPE=qwen CONFIG="$ROWS16" python3 scripts/probes/profile_plan.py \

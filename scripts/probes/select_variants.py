@@ -31,7 +31,7 @@ from variants import variant_modules
 SHIPPED = "PROBES = tl.constexpr(4)"
 VARIANTS = {"base": ([],), **{f"p{p}": ([(SHIPPED, f"PROBES = tl.constexpr({p})")],) for p in (1, 2, 8, 16)},
             # rows mode: QR 16 / KR 64 as the pooled mode's QG / KC (224 programs at 32k on 132 SMs)
-            **{f"qr{qr}_kr{kr}": ([], qr, kr) for qr, kr in ((16, 64), (8, 128), (4, 64), (4, 128), (2, 256))}}
+            **{f"qr{qr}_kr{kr}": ([], qr, kr) for qr, kr in ((16, 64), (4, 256), (2, 128), (1, 256))}}
 QR, KR = launch.QR, launch.KR  # shipped; a variant's own values are patched in for its launches only, which
 # launch._COMPILED (keyed without the fixed constexprs) allows because each variant is its own kernel object
 CONFIGS = {"default": CrispConfig(),
