@@ -24,8 +24,8 @@ for a list of configs, one dict per layer: a crisp-build artifact's calibrated k
 `model.config.crisp_config`, so it also survives `save_pretrained`; each attention module reads it from
 `module.config.crisp_config` (attention modules keep a reference to the model config) and, for a list,
 takes entry `module.layer_idx`. Without one, `CrispConfig()` defaults are used. `crisp_config_of(model,
-layer)` reads it back. `set_crisp_config(..., cuda_graphs=True)` (model.config.crisp_cuda_graphs) sends CUDA
-prefills through crisp_trt.graphs (a graph per shape: no per-call host work). Per-call counters (`CALLS["crisp"]`, `CALLS["dense"]`) let tests and benchmarks
+layer)` reads it back. `set_cuda_graphs(model, True)` (model.config.crisp_cuda_graphs) sends CUDA prefills
+through crisp_trt.graphs (a graph per shape and config: no per-call host work). Per-call counters (`CALLS["crisp"]`, `CALLS["dense"]`) let tests and benchmarks
 see which path ran. This is the only place that registers CRISP with transformers (crisp_trt.runtime
 uses it too).
 """
@@ -63,21 +63,30 @@ def _as_dict(cfg: CrispConfig | dict) -> dict:
     return (cfg if isinstance(cfg, CrispConfig) else CrispConfig.from_dict(cfg)).to_dict()
 
 
-def set_crisp_config(model, cfg: CrispConfig | dict | list | None, cuda_graphs: bool = False) -> None:
+def _lm_configs(model) -> list:
+    """The model's config and, for multimodal wrappers, the LM's own (text_config)."""
+    return [model.config] + [getattr(model.config, sub) for sub in ("text_config",) if hasattr(model.config, sub)]
+
+
+def set_cuda_graphs(model, enabled: bool) -> None:
+    """CUDA prefills of `model` through crisp_trt.graphs (a graph per shape and config) or the op itself."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled={enabled!r}: expected True or False")
+    for c in _lm_configs(model):
+        c.crisp_cuda_graphs = enabled
+
+
+def set_crisp_config(model, cfg: CrispConfig | dict | list | None) -> None:
     """Attach a CrispConfig (or one per layer) to a model as dicts in model.config.crisp_config;
-    None → defaults. cuda_graphs: CUDA prefills replay a graph per shape (crisp_trt.graphs)."""
-    if not isinstance(cuda_graphs, bool):
-        raise ValueError(f"cuda_graphs={cuda_graphs!r}: expected True or False")
+    None → defaults."""
     if cfg is None:
         raw = None
     elif isinstance(cfg, (list, tuple)):
         raw = [_as_dict(c) for c in cfg]
     else:
         raw = _as_dict(cfg)
-    configs = [model.config] + [getattr(model.config, sub) for sub in ("text_config",)  # multimodal wrappers
-                                if hasattr(model.config, sub)]  # keep the LM config separately
-    for c in configs:
-        c.crisp_config, c.crisp_cuda_graphs = raw, cuda_graphs
+    for c in _lm_configs(model):
+        c.crisp_config = raw
 
 
 def crisp_config_of(model, layer: int = 0) -> CrispConfig:

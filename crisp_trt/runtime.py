@@ -49,12 +49,15 @@ class CrispModel:
     (attention="eager": the same maths as SDPA with other rounding, the benches' control)."""
 
     def __init__(self, model, tokenizer, crisp: dict, attention: str = "crisp"):
+        from .hf import set_crisp_config
+
         self.model, self.tokenizer, self.crisp = model, tokenizer, crisp
         self.layer_configs = layer_configs(crisp)
+        set_crisp_config(model, self.layer_configs)
         self.set_attention(attention)
 
     def set_attention(self, attention: str) -> None:
-        from .hf import set_crisp_config
+        from .hf import set_cuda_graphs
         from .models import set_attn_implementation
 
         implementation = _implementation(attention)
@@ -62,7 +65,7 @@ class CrispModel:
             raise ValueError(f"attention='crisp_graphs': needs a CUDA model (this one is on {self.device}); "
                              "use 'crisp'")
         set_attn_implementation(self.model, implementation)
-        set_crisp_config(self.model, self.layer_configs, cuda_graphs=attention == "crisp_graphs")
+        set_cuda_graphs(self.model, attention == "crisp_graphs")
         self.attention = attention
 
     @property
@@ -241,6 +244,8 @@ def generate_tp_modes(artifact_dir, prompts: list, attentions, tp: int = 1,
     for attention in attentions:
         _implementation(attention)  # a bad mode fails here, before any process starts
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if "crisp_graphs" in attentions and torch.device(device).type != "cuda":
+        raise ValueError(f"attention='crisp_graphs': needs a CUDA model (device={device!r}); use 'crisp'")
     path, crisp = _checked(artifact_dir, tp)
     options = dict(attentions=attentions, dtype=dtype, max_new_tokens=max_new_tokens, chat=chat, warmup=warmup,
                    repeats=repeats)
@@ -265,9 +270,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--attention", choices=("crisp", "crisp_graphs", "dense"), default="crisp",
-                   help="prefill attention: crisp; crisp_graphs (the same, each prompt length's attention captured "
-                        "once in a CUDA graph and replayed: no per-layer host work; CUDA only, pays off for "
-                        "repeated lengths); dense (SDPA)")
+                   help="prefill attention: crisp; crisp_graphs (the same, captured in a CUDA graph once per prompt "
+                        "length and layer config and replayed: no per-layer host work; CUDA only; the first prompt "
+                        "of a length pays the captures); dense (SDPA)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     p.add_argument("--tp", type=int, default=1, metavar="N",

@@ -123,20 +123,21 @@ def use_method(model, method: str, base: CrispConfig, configs: dict | None = Non
     """Switch a loaded model to a method: dense (SDPA), dense_eager, a config.METHODS name built on `base`, or
     a name in `configs` (an explicit CrispConfig); either of the last two + GRAPHS runs it through
     crisp_trt.graphs. The benches' one way to change attention between runs."""
-    from ..hf import set_crisp_config
+    from ..hf import set_crisp_config, set_cuda_graphs
     from ..models import set_attn_implementation
 
-    graphs = method.endswith(GRAPHS)
-    name = method.removesuffix(GRAPHS)
-    if name in ("dense", "dense_eager") and graphs:
-        raise ValueError(f"method={method!r}: the {GRAPHS} suffix applies to CRISP methods, not {name}")
+    graphs = method.endswith(GRAPHS) and method not in (configs or {})
+    name = method.removesuffix(GRAPHS) if graphs else method
+    if graphs and name in ("", "dense", "dense_eager"):
+        raise ValueError(f"method={method!r}: the {GRAPHS} suffix follows a CRISP method's name, e.g. crisp{GRAPHS}")
     if method == "dense":
         set_attn_implementation(model, "sdpa")
     elif method == "dense_eager":
         set_attn_implementation(model, "eager")
     else:
         set_attn_implementation(model, "crisp")
-        set_crisp_config(model, (configs or {}).get(name) or method_config(name, base), cuda_graphs=graphs)
+        set_crisp_config(model, (configs or {}).get(name) or method_config(name, base))
+        set_cuda_graphs(model, graphs)
 
 
 def use_rope(model, rope, n: int) -> None:

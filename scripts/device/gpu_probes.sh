@@ -25,8 +25,8 @@ failed=0
 ran=()
 probe() {
     local name=$1; shift
+    [ -e "$OUT/$name" ] || ran+=("$name")  # only folders made here are packed (and removed) at the end
     mkdir -p "$OUT/$name"
-    ran+=("$name")
     echo "== $name"
     if ! OUT="$OUT/$name" timeout 240 "$@" > "$OUT/$name/log.txt" 2>&1; then
         echo "== $name FAILED"
@@ -47,6 +47,6 @@ for name in ${*:-$PROBES}; do
             python3 scripts/probes/graphed_op.py --shapes qwen,llama3_8b --lengths 4k,8k,16k,32k; exit $((t || $?))' ;;
     esac
 done
-[ ${#ran[@]} -eq 0 ] || (cd "$OUT" && tar czf probes.tgz --remove-files "${ran[@]}")
+[ ${#ran[@]} -eq 0 ] || (cd "$OUT" && tar czf probes.tgz --remove-files "${ran[@]}") || failed=$((failed + 1))
 echo "gpu_probes.sh: $failed probe(s) failed"
 exit "$failed"

@@ -14,8 +14,12 @@ set -euo pipefail
 [ -f "$1" ] || { echo "stage.sh: FILE $1: no such file" >&2; exit 2; }
 FILE=$(realpath "$1") NAME=$2
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
-TREE=$(( $(git ls-files -z | du -ck --files0-from=- | tail -1 | cut -f1) * 1024 ))  # on-disk size: the apparent one under-counts
-MIB=${3:-$(( 63 - (TREE + 1048575) / 1048576 ))}
+# what a call carries besides the parts: tracked and untracked-not-ignored files, on-disk size (the apparent one
+# under-counts); files deleted from the tree are skipped
+TREE=$(( $(git ls-files -z --cached --others --exclude-standard | du -ck --files0-from=- 2>/dev/null | tail -1 | cut -f1) * 1024 ))
+ROOM=$(( 63 - (TREE + 1048575) / 1048576 ))
+[ $# -ge 3 ] || [ "$ROOM" -ge 1 ] || { echo "stage.sh: the working tree ($((TREE / 1048576)) MiB) leaves no room in a 64 MiB call" >&2; exit 2; }
+MIB=${3:-$(( ROOM > 60 ? 60 : ROOM ))}
 [[ "$NAME" =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "stage.sh: NAME $NAME: expected letters, digits, . _ -" >&2; exit 2; }
 [[ "$MIB" =~ ^[0-9]+$ ]] && [ "$MIB" -ge 1 ] && [ "$MIB" -le 60 ] || { echo "stage.sh: PART_MIB $MIB: expected 1..60" >&2; exit 2; }
 grep -qx '/.stage/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.stage/' >> .git/info/exclude; }
@@ -27,4 +31,4 @@ gzip -9 -c "$FILE" | split -d -a 2 -b "${MIB}M" - "$DIR/part."
   (cd "$DIR" && sha256sum part.* | awk '{print "part", $2, $1}')
 } > "$DIR/manifest"
 cat "$DIR/manifest"
-echo "stage.sh: $(ls "$DIR"/part.* | wc -l) parts of $MIB MiB in $DIR; tracked working tree: $((TREE / 1048576)) MiB"
+echo "stage.sh: $(ls "$DIR"/part.* | wc -l) parts of $MIB MiB in $DIR; working tree: $((TREE / 1048576)) MiB"
