@@ -114,7 +114,7 @@ class GraphedPrefill:
             return _rebuild(form, outputs)
 
     def _capture(self, signature, tensors: dict, options: dict):
-        static = self._statics.get(signature) or self._statics.setdefault(signature, _Static(tensors))
+        static = self._statics.get(signature) or _Static(tensors)  # kept below, once the op accepted the inputs
         for name, t in tensors.items():
             static.inputs[name].copy_(t)
         side = torch.cuda.Stream()
@@ -133,6 +133,7 @@ class GraphedPrefill:
         with torch.cuda.graph(graph, pool=pool, stream=side):
             for out, t in zip(outputs, _outputs(crisp_prefill_attention(**static.inputs, **options))):
                 out.copy_(t)  # into the shared outputs: the op's own are temporaries of the pool
+        self._statics[signature] = static
         self.captures += 1
         return graph, static, form, outputs
 
