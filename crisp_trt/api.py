@@ -18,15 +18,18 @@ from .validate import check_inputs
 
 @torch.library.custom_op("crisp::prefill_attention", mutates_args=())
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                       cu_seqlens_k: torch.Tensor, max_seqlen: int, config: str, return_lse: bool
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, lse [total_q, H] or [0], route, c_struct, density); max_seqlen bounds the kv lengths."""
+                       cu_seqlens_k: torch.Tensor, max_seqlen: int, config: str, return_lse: bool,
+                       return_stats: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse [total_q, H] or [0], route, c_struct, density [S, H] or each [0] without return_stats: the
+    kernels then skip the density's small kernels); max_seqlen bounds the kv lengths."""
     cfg = _config_of(config)
     if q.is_cuda:
         from .kernels.pipeline import crisp_cuda
 
-        return crisp_cuda(q, k, v, cu_seqlens, max_seqlen, cfg, cu_seqlens_k=cu_seqlens_k, return_lse=return_lse)
-    return _reference_packed(q, k, v, cu_seqlens, cu_seqlens_k, cfg, return_lse)
+        return crisp_cuda(q, k, v, cu_seqlens, max_seqlen, cfg, cu_seqlens_k=cu_seqlens_k, return_lse=return_lse,
+                          return_stats=return_stats)
+    out, lse, *stats = _reference_packed(q, k, v, cu_seqlens, cu_seqlens_k, cfg, return_lse)
+    return (out, lse, *(stats if return_stats else (t.new_empty(0) for t in stats)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -42,11 +45,12 @@ def _config_of(config: str) -> CrispConfig:
 
 
 @_prefill_attention.register_fake
-def _(q, k, v, cu_seqlens, cu_seqlens_k, max_seqlen, config, return_lse):
-    seqs, heads = cu_seqlens.shape[0] - 1, q.shape[1]
-    stat = q.new_empty((seqs, heads), dtype=torch.float32)
+def _(q, k, v, cu_seqlens, cu_seqlens_k, max_seqlen, config, return_lse, return_stats):
+    heads = q.shape[1]
+    per_head = (cu_seqlens.shape[0] - 1, heads) if return_stats else (0,)
+    stat = q.new_empty(per_head, dtype=torch.float32)
     lse = q.new_empty((q.shape[0], heads) if return_lse else (0,), dtype=torch.float32)
-    return torch.empty_like(q), lse, q.new_empty((seqs, heads), dtype=torch.int32), stat, torch.empty_like(stat)
+    return torch.empty_like(q), lse, q.new_empty(per_head, dtype=torch.int32), stat, torch.empty_like(stat)
 
 
 def _reference_packed(q, k, v, cu_seqlens, cu_seqlens_k, cfg, return_lse):
@@ -129,7 +133,7 @@ def crisp_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
             max_len = bound or k.shape[0]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out, lse, route, c_struct, dens = _prefill_attention(q, k, v, cu, cu_k, max(int(max_len), 1), _config_json(cfg),
-                                                         return_lse)
+                                                         return_lse, return_stats)
     result = (out.reshape(shape),)
     if return_lse:
         result += (lse.reshape(shape[:-1]),)

@@ -43,9 +43,12 @@ def test_dense_helper_and_opcheck():
     keep_all = CrispConfig(block_size=64, kappa=0.0, dense_below=0, max_budget=1 << 20)
     assert float((crisp_prefill_attention(q, k, v, config=keep_all) - ref).norm() / ref.norm()) < 1e-3
     cu = torch.tensor([0, 150], dtype=torch.int32)
-    torch.library.opcheck(_prefill_attention, (q[0], k[0], v[0], cu, cu, 150, json.dumps(CFG.to_dict()), False))
+    for stats in (True, False):
+        torch.library.opcheck(_prefill_attention, (q[0], k[0], v[0], cu, cu, 150, json.dumps(CFG.to_dict()), False,
+                                                   stats))
     cu_q = torch.tensor([0, 40], dtype=torch.int32)  # a chunk: the last 40 of 150 positions, with its LSE
-    torch.library.opcheck(_prefill_attention, (q[0, 110:], k[0], v[0], cu_q, cu, 150, json.dumps(CFG.to_dict()), True))
+    torch.library.opcheck(_prefill_attention, (q[0, 110:], k[0], v[0], cu_q, cu, 150, json.dumps(CFG.to_dict()), True,
+                                               True))
 
 
 @pytest.mark.parametrize("where", ["q", "k", "v"])

@@ -224,9 +224,13 @@ def test_crisp_cuda_outputs_share_no_storage(device):
 
     q, k, v = (t[0].to(device) for t in synthetic_qkv(300, 2, 1, 64, seed=3))
     cu = torch.tensor([0, 300], dtype=torch.int32, device=device)
-    outs = crisp_cuda(q, k, v, cu, 300, CrispConfig(block_size=64, dense_below=0))
+    cfg = CrispConfig(block_size=64, dense_below=0)
+    outs = crisp_cuda(q, k, v, cu, 300, cfg)
     storages = [t.untyped_storage().data_ptr() for t in outs]
     assert len(set(storages)) == len(outs)
+    out, _, *stats = crisp_cuda(q, k, v, cu, 300, cfg, return_stats=False)  # the density's kernels skipped
+    assert torch.equal(out, outs[0]) and [t.shape for t in stats] == [(0,)] * 3
+    assert [t.dtype for t in stats] == [torch.int32, torch.float32, torch.float32]
 
 
 @pytest.mark.gpu
@@ -240,6 +244,7 @@ def test_opcheck_on_cuda():
     q, k, v = (t[0].to("cuda", torch.bfloat16) for t in synthetic_qkv(2000, 4, 2, 64, seed=5))
     cu = torch.tensor([0, 2000], dtype=torch.int32, device="cuda")
     config = json.dumps(CrispConfig(dense_below=0).to_dict())
-    torch.library.opcheck(_prefill_attention, (q, k, v, cu, cu, 2000, config, False))
+    for stats in (True, False):
+        torch.library.opcheck(_prefill_attention, (q, k, v, cu, cu, 2000, config, False, stats))
     cu_q = torch.tensor([0, 700], dtype=torch.int32, device="cuda")  # a chunk: the last 700 of 2000, with its LSE
-    torch.library.opcheck(_prefill_attention, (q[1300:].contiguous(), k, v, cu_q, cu, 2000, config, True))
+    torch.library.opcheck(_prefill_attention, (q[1300:].contiguous(), k, v, cu_q, cu, 2000, config, True, True))

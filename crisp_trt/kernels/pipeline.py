@@ -151,11 +151,12 @@ class Stages:
             cfg.local_blocks, z.maxc, z.maxd, cfg.floor_samples,
             block=cfg.block_size, d=self.d, D=self.d, ROWS=cfg.rows > 0, **self.budget_flags)
 
-    def plan(self) -> Plan:
+    def plan(self, density: bool = True) -> Plan:
+        """The three stages; density=False leaves Plan.density None (its small kernels skipped)."""
         self.estimate()
         self.route()
         self.select()
-        density = _density(self.counts, self.dense, self.cu, self.cu_k, self.cfg.block_size)
+        density = _density(self.counts, self.dense, self.cu, self.cu_k, self.cfg.block_size) if density else None
         return Plan(self.idx, self.counts, self.dense, self.route_, self.c_struct, density, self.columns,
                     self.distances)
 
@@ -228,12 +229,16 @@ def masks_from_plan(p, s: int, nb: int, qb: torch.Tensor | None = None) -> torch
     return allowed[..., :nb] | always[None]
 
 
-def crisp_cuda(q, k, v, cu_seqlens, max_seqlen: int, cfg: CrispConfig, cu_seqlens_k=None, return_lse: bool = False):
+def crisp_cuda(q, k, v, cu_seqlens, max_seqlen: int, cfg: CrispConfig, cu_seqlens_k=None, return_lse: bool = False,
+               return_stats: bool = True):
     """(out [total_q, H, d], lse f32 [total_q, H] (or [0] without return_lse), route int32 [S, H], c_struct f32
-    [S, H], density f32 [S, H]); chunks: cu_seqlens_k for k, v [total_k, H_kv, d], max_seqlen bounding kv lengths."""
+    [S, H], density f32 [S, H] (each [0] without return_stats)); chunks: cu_seqlens_k for k, v [total_k, H_kv, d],
+    max_seqlen bounding kv lengths."""
     st = Stages(q, k, cu_seqlens, max_seqlen, cfg, cu_seqlens_k)
-    p = st.plan()
+    p = st.plan(density=return_stats)
     lse = torch.empty((q.shape[0], q.shape[1]) if return_lse else (0,), dtype=torch.float32, device=q.device)
     out = st.attend(v, lse if return_lse else None)
+    if not return_stats:
+        return out, lse, *(torch.empty(0, dtype=t, device=q.device) for t in (torch.int32, torch.float32, torch.float32))
     # route and c_struct are views of the workspace: a custom op's outputs may not share storage
     return out, lse, p.route.clone(), p.c_struct.clone(), p.density
