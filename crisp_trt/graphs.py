@@ -105,11 +105,11 @@ class GraphedPrefill:
                     old, _ = self._graphs.popitem(last=False)
                     if all(k[0] != old[0] for k in self._graphs):  # no graph reads that signature's buffers
                         del self._statics[old[0]]
-            else:
+            else:  # a capture copied the inputs in already
                 self._graphs.move_to_end(key)
-            graph, static, form, outputs = entry
-            for name, t in tensors.items():
-                static.inputs[name].copy_(t)
+                for name, t in tensors.items():
+                    entry[1].inputs[name].copy_(t)
+            graph, _, form, outputs = entry
             graph.replay()  # a capture runs nothing: the first answer comes from a replay too
             return _rebuild(form, outputs)
 

@@ -25,8 +25,8 @@ for a list of configs, one dict per layer: a crisp-build artifact's calibrated k
 `module.config.crisp_config` (attention modules keep a reference to the model config) and, for a list,
 takes entry `module.layer_idx`. Without one, `CrispConfig()` defaults are used. `crisp_config_of(model,
 layer)` reads it back. `set_cuda_graphs(model, True)` (model.config.crisp_cuda_graphs) sends CUDA prefills
-through crisp_trt.graphs (a graph per shape and config: no per-call host work). Per-call counters (`CALLS["crisp"]`, `CALLS["dense"]`) let tests and benchmarks
-see which path ran. This is the only place that registers CRISP with transformers (crisp_trt.runtime
+through crisp_trt.graphs (a graph per shape and config: no per-call host work). Per-call counters
+(`CALLS["crisp"]`, `CALLS["dense"]`) let tests and benchmarks see which path ran. This is the only place that registers CRISP with transformers (crisp_trt.runtime
 uses it too).
 """
 from __future__ import annotations

@@ -60,10 +60,7 @@ class CrispModel:
         from .hf import set_cuda_graphs
         from .models import set_attn_implementation
 
-        implementation = _implementation(attention)
-        if attention == "crisp_graphs" and self.device.type != "cuda":
-            raise ValueError(f"attention='crisp_graphs': needs a CUDA model (this one is on {self.device}); "
-                             "use 'crisp'")
+        implementation = _implementation(attention, self.device)
         set_attn_implementation(self.model, implementation)
         set_cuda_graphs(self.model, attention == "crisp_graphs")
         self.attention = attention
@@ -111,11 +108,14 @@ class CrispModel:
         return Generation(text, new, ttft, total, int(ids.shape[1]), logits)
 
 
-def _implementation(attention: str) -> str:
-    """transformers' attention implementation behind a CrispModel attention mode; ValueError naming `attention`."""
+def _implementation(attention: str, device=None) -> str:
+    """transformers' attention implementation behind a CrispModel attention mode; ValueError naming `attention`
+    (also for crisp_graphs on a `device` that is not CUDA)."""
     implementation = MODES.get(attention)
     if implementation is None:
         raise ValueError(f"attention={attention!r}: expected one of {', '.join(map(repr, MODES))}")
+    if attention == "crisp_graphs" and device is not None and torch.device(device).type != "cuda":
+        raise ValueError(f"attention='crisp_graphs': needs a CUDA model (device={str(device)!r}); use 'crisp'")
     return implementation
 
 
@@ -241,11 +241,9 @@ def generate_tp_modes(artifact_dir, prompts: list, attentions, tp: int = 1,
     attentions = tuple(attentions)
     if not attentions:
         raise ValueError(f"attentions=(): expected at least one of {', '.join(map(repr, MODES))}")
-    for attention in attentions:
-        _implementation(attention)  # a bad mode fails here, before any process starts
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if "crisp_graphs" in attentions and torch.device(device).type != "cuda":
-        raise ValueError(f"attention='crisp_graphs': needs a CUDA model (device={device!r}); use 'crisp'")
+    for attention in attentions:
+        _implementation(attention, device)  # a bad mode fails here, before any process starts
     path, crisp = _checked(artifact_dir, tp)
     options = dict(attentions=attentions, dtype=dtype, max_new_tokens=max_new_tokens, chat=chat, warmup=warmup,
                    repeats=repeats)

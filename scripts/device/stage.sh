@@ -2,9 +2,9 @@
 # Split a large file (a model) for the GPU machine, whose calls carry at most 64 MiB each:
 #   bash scripts/device/stage.sh FILE NAME [PART_MIB]      (here)
 # gzips FILE (-9: ~4 % off a Q4 GGUF), splits it into .stage/NAME/part.NN of PART_MIB (default: what a call
-# has room for beside the tracked working tree, 63 MiB minus its size) and writes .stage/NAME/manifest: the
-# file's name, size and sha256 and each part's sha256. .stage/ is git-ignored (.git/info/exclude): nothing travels unless a call carries
-# it. Then make one device call per part, back to back (the machine's /tmp lives only while it stays warm,
+# has room for beside the working tree, 63 MiB minus its size) and writes .stage/NAME/manifest: the file's
+# name, size and sha256 and each part's sha256. .stage/ is git-ignored (.git/info/exclude): nothing travels
+# unless a call carries it. Then make one device call per part, back to back (the machine's /tmp lives only while it stays warm,
 # 30 s after a call), each carrying ".stage/NAME/manifest" and ".stage/NAME/part.NN" and running
 #   bash scripts/device/unstage.sh NAME
 # which keeps the part in /tmp/crisp_stage/NAME and, once every part is there, assembles the file and checks
